@@ -1,0 +1,90 @@
+"""Dense O(T^2) reference kernels: the simplest possible statement of each attention rule.
+
+Every fast path in :mod:`focusattn.kernels` is tested against these. Shapes follow transformers:
+``q`` is ``[B, Hq, Tq, D]``, ``k``/``v`` are ``[B, Hkv, Tk, D]`` with ``Hq % Hkv == 0`` (GQA). Queries are aligned
+to the *end* of the keys (query ``i`` sits at absolute position ``Tk - Tq + i``), which covers both prefill
+(``Tq == Tk``) and cached decoding (``Tq < Tk``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
+    """Repeat KV heads so that they line up with ``hq`` query heads (reference only; fast paths avoid the copy)."""
+    hkv = x.shape[1]
+    if hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    return x if hq == hkv else x.repeat_interleave(hq // hkv, dim=1)
+
+
+def relative_distance(tq: int, tk: int, device=None) -> torch.Tensor:
+    """``[Tq, Tk]`` integer matrix of ``i - j`` in absolute positions (negative above the causal diagonal)."""
+    qpos = torch.arange(tk - tq, tk, device=device)
+    kpos = torch.arange(tk, device=device)
+    return qpos[:, None] - kpos[None, :]
+
+
+def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None) -> torch.Tensor:
+    """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or the two tokens share a group).
+
+    ``membership`` is bool ``[B, Tk, K]`` over *all* keys; the queries are its last ``tq`` rows.
+    """
+    b, tk, _ = membership.shape
+    tq = tk if tq is None else tq
+    dist = relative_distance(tq, tk, membership.device)
+    m = membership.float()
+    shared = torch.einsum("bik,bjk->bij", m[:, tk - tq:], m) > 0
+    return (dist >= 0) & ((dist <= window) | shared)
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+):
+    """Softmax attention restricted to ``allowed`` (bool, broadcastable to ``[B, Hq, Tq, Tk]``).
+
+    A query row with no allowed key returns zeros (and LSE ``-inf``).
+    """
+    hq, d = q.shape[1], q.shape[-1]
+    k, v = expand_kv(k, hq), expand_kv(v, hq)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(s.dtype).min))
+    p = p.masked_fill(~allowed, 0.0)
+    out = torch.matmul(p, v)
+    return (out, lse) if return_lse else out
+
+
+def dense_focus_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    membership: torch.Tensor,
+    window: int,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Reference hard-mask Focus attention (explicit ``[B, 1, Tq, Tk]`` mask).
+
+    ``key_padding_mask``: optional bool ``[B, Tk]``, True for real tokens.
+    """
+    allowed = focus_allowed(membership, window, q.shape[2])
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask[:, None, :]
+    return masked_attention(q, k, v, allowed[:, None], scale=scale, softcap=softcap, return_lse=return_lse)
