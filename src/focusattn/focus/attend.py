@@ -1,0 +1,44 @@
+"""Focus attention given a layer's routing: soft gate while training routers, hard top-k mask at inference."""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.reference import focus_allowed, masked_attention
+from ..kernels.soft import soft_focus_attention
+from .config import FocusConfig
+from .router import Routing
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    routing: Routing,
+    cfg: FocusConfig,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    allowed: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Returns ``[B, Hq, Tq, D]``. ``routing`` covers all ``Tk`` keys (queries are the last ``Tq`` of them).
+
+    ``allowed``: the host model's own bool mask (causal/padding/sliding window) broadcastable to [B, H, Tq, Tk], or
+    None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one.
+    """
+    if routing.membership is None:
+        if key_padding_mask is not None and allowed is None:
+            allowed = key_padding_mask[:, None, None, :]
+        return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
+                                    gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed)
+    if allowed is None and cfg.backend != "dense":
+        from ..kernels.api import focus_attention  # the exact sparse kernels
+
+        return focus_attention(q, k, v, routing.membership, cfg.window, scale=scale, softcap=softcap,
+                               key_padding_mask=key_padding_mask, backend=cfg.backend)
+    mask = focus_allowed(routing.membership, cfg.window, q.shape[2])[:, None]
+    if allowed is not None:
+        mask = mask & allowed
+    if key_padding_mask is not None:
+        mask = mask & key_padding_mask[:, None, None, :]
+    return masked_attention(q, k, v, mask, scale=scale, softcap=softcap)

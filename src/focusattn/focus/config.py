@@ -1,0 +1,77 @@
+"""``FocusConfig``: every Focus knob in one validated, typed place."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+GATES = ("multiplicative", "log")
+ROUTINGS = ("causal", "sequence")
+BACKENDS = ("auto", "dense", "decomposed", "flex")
+
+
+@dataclass(frozen=True)
+class FocusConfig:
+    """Focus routing and gating.
+
+    num_groups (K), group_dim (d_g), window (w), tau, sinkhorn_iters: the paper's knobs (App. B defaults).
+    gate: soft training gate, ``"log"`` (logit + log sigmoid(lam*(a - gate_offset)), tends to the hard mask) or
+        ``"multiplicative"`` (paper Eq. 2, logit * sigmoid(lam*(a - gate_offset))). See README "Design decisions".
+    lam, gate_offset: gate sharpness and the affinity at which the gate is one half (0 reproduces Eq. 2 as written).
+    routing: ``"causal"`` (per-group Sinkhorn offsets learned in training, frozen at evaluation: a token's group
+        depends on that token alone) or ``"sequence"`` (the paper's sequence-wide Sinkhorn, which sees the future).
+    top_k: ``None`` = soft gating; k = hard membership in the k highest-scoring groups (inference).
+    offset_momentum: EMA momentum of the causal per-group offsets.
+    backend: kernel for hard top-k attention.
+    """
+
+    num_groups: int = 8
+    group_dim: int = 16
+    window: int = 128
+    tau: float = 0.1
+    sinkhorn_iters: int = 10
+    gate: str = "log"
+    lam: float = 10.0
+    gate_offset: float = 0.5
+    routing: str = "causal"
+    top_k: int | None = None
+    offset_momentum: float = 0.9
+    backend: str = "auto"
+
+    def __post_init__(self):
+        def bad(name, allowed):
+            raise ValueError(f"FocusConfig.{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+
+        if not isinstance(self.num_groups, int) or self.num_groups < 1:
+            bad("num_groups", "an integer >= 1")
+        if not isinstance(self.group_dim, int) or self.group_dim < 1:
+            bad("group_dim", "an integer >= 1")
+        if not isinstance(self.window, int) or self.window < 0:
+            bad("window", "an integer >= 0")
+        if not self.tau > 0:
+            bad("tau", "a float > 0")
+        if not isinstance(self.sinkhorn_iters, int) or self.sinkhorn_iters < 0:
+            bad("sinkhorn_iters", "an integer >= 0")
+        if self.gate not in GATES:
+            bad("gate", GATES)
+        if not self.lam > 0:
+            bad("lam", "a float > 0")
+        if not 0.0 <= self.gate_offset < 1.0:
+            bad("gate_offset", "a float in [0, 1)")
+        if self.routing not in ROUTINGS:
+            bad("routing", ROUTINGS)
+        if self.top_k is not None and (not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.num_groups):
+            bad("top_k", f"None or an integer in 1..num_groups ({self.num_groups})")
+        if not 0.0 <= self.offset_momentum < 1.0:
+            bad("offset_momentum", "a float in [0, 1)")
+        if self.backend not in BACKENDS:
+            bad("backend", BACKENDS)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FocusConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown FocusConfig keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)

@@ -1,0 +1,72 @@
+"""``FocusRouter``: the per-layer learnable centroid router (the only trainable part of a Focus retrofit)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import FocusConfig
+from .sinkhorn import sinkhorn_potentials
+
+
+@dataclass
+class Routing:
+    """One forward's routing for one layer. ``groups``: soft assignments [B, T, K] (rows sum to 1);
+    ``membership``: bool [B, T, K] top-k membership, or None in soft mode."""
+
+    groups: torch.Tensor
+    membership: torch.Tensor | None
+
+
+class FocusRouter(nn.Module):
+    """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer.
+
+    Causal routing keeps an EMA of the Sinkhorn per-group potentials (``offsets``, a buffer saved with the adapter).
+    Training forwards update it from the batch; every forward (training included) assigns with the stored value, so a
+    token's group never depends on other tokens of its sequence.
+    """
+
+    def __init__(self, d_model: int, cfg: FocusConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.proj = nn.Linear(d_model, cfg.group_dim, bias=False)  # W_g
+        self.centroids = nn.Parameter(torch.randn(cfg.num_groups, cfg.group_dim) / math.sqrt(cfg.group_dim))  # C
+        self.register_buffer("offsets", torch.zeros(cfg.num_groups))
+        self.register_buffer("offsets_ready", torch.zeros((), dtype=torch.bool))
+        # Set by the host integration: the layer input of the forward in flight, and the routing of cached tokens
+        # during generation (causal routing makes a cached token's membership final).
+        self.pending_hidden: torch.Tensor | None = None
+        self.cache: Routing | None = None
+
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
+        return self.proj(h.to(self.proj.weight.dtype)) @ self.centroids.t() / self.cfg.tau
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> Routing:
+        cfg = self.cfg
+        logits = self.scores(h)
+        if cfg.routing == "sequence":
+            b = sinkhorn_potentials(logits, cfg.sinkhorn_iters, mask)  # differentiable, sees the whole sequence
+        else:
+            b = self.offsets.clone()  # assign with the offsets learned *before* this batch
+            if self.training:
+                with torch.no_grad():
+                    batch_b = sinkhorn_potentials(logits.detach(), cfg.sinkhorn_iters, mask).mean(0)
+                    if not bool(self.offsets_ready):  # very first batch: nothing learned yet
+                        self.offsets.copy_(batch_b)
+                        self.offsets_ready.fill_(True)
+                        b = batch_b
+                    else:
+                        self.offsets.mul_(cfg.offset_momentum).add_((1 - cfg.offset_momentum) * batch_b)
+            b = b.to(logits.dtype).expand(logits.shape[0], -1)
+        groups = torch.softmax(logits + b[:, None, :], dim=-1)
+        membership = None
+        if cfg.top_k is not None:
+            idx = groups.topk(cfg.top_k, dim=-1).indices
+            membership = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, idx, True)
+        return Routing(groups, membership)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

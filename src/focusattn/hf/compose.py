@@ -1,0 +1,110 @@
+"""Attach Focus routers to a Hugging Face causal LM (and take them off again) through public extension points only:
+``add_module``, a forward pre-hook, and ``set_attn_implementation("focus")``."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from ..focus.config import FocusConfig
+from ..focus.router import FocusRouter
+from . import attention_fn
+from .specs import attention_modules
+
+ROUTER = "focus_router"
+
+
+@dataclass
+class FocusState:
+    cfg: FocusConfig
+    original_impl: str
+    requires_grad: dict[str, bool]
+    hooks: list = field(default_factory=list)
+
+
+def _stash_hidden(module, args, kwargs):
+    h = kwargs.get("hidden_states", args[0] if args else None)
+    getattr(module, ROUTER).pending_hidden = h
+
+
+def is_composed(model) -> bool:
+    return isinstance(getattr(model, "_focus_state", None), FocusState)
+
+
+def _state(model) -> FocusState:
+    if not is_composed(model):
+        raise ValueError("model has no Focus routers: call focusattn.compose(model, cfg) first")
+    return model._focus_state
+
+
+def routers(model) -> list[FocusRouter]:
+    _state(model)
+    return [getattr(m, ROUTER) for m in attention_modules(model)]
+
+
+def compose(model, cfg: FocusConfig | None = None):
+    """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
+    cfg = cfg or FocusConfig()
+    if is_composed(model):
+        raise ValueError("model already has Focus routers: call focusattn.decompose(model) first")
+    modules = attention_modules(model)  # raises for unsupported architectures
+    attention_fn.register()
+    frozen = {n: p.requires_grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    ref = next(model.parameters())
+    state = FocusState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
+    for m in modules:
+        router = FocusRouter(model.config.hidden_size, cfg).to(device=ref.device, dtype=torch.float32)
+        m.add_module(ROUTER, router)
+        state.hooks.append(m.register_forward_pre_hook(_stash_hidden, with_kwargs=True))
+    model._focus_state = state
+    model.set_attn_implementation(attention_fn.NAME)
+    return model
+
+
+def decompose(model):
+    """Remove every router and hook and restore the original attention implementation and trainability."""
+    state = _state(model)
+    for h in state.hooks:
+        h.remove()
+    for m in attention_modules(model):
+        delattr(m, ROUTER)
+    model.set_attn_implementation(state.original_impl)
+    for n, p in model.named_parameters():
+        p.requires_grad_(state.requires_grad.get(n, True))
+    del model._focus_state
+    return model
+
+
+def focus_config(model) -> FocusConfig:
+    return _state(model).cfg
+
+
+def update_config(model, **changes) -> FocusConfig:
+    """Change inference-time knobs (``top_k``, ``backend``, ``window`` ...) on every router without retraining."""
+    state = _state(model)
+    k = changes.get("top_k", state.cfg.top_k)
+    if k is not None and (not isinstance(k, int) or not 1 <= k <= state.cfg.num_groups):
+        raise ValueError(f"top_k={k!r} is invalid: allowed None or an integer in 1..{state.cfg.num_groups}")
+    fixed = {"num_groups", "group_dim"} & set(changes)
+    if fixed:
+        raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
+    state.cfg = dataclasses.replace(state.cfg, **changes)
+    for r in routers(model):
+        r.cfg = state.cfg
+        r.cache = None
+    return state.cfg
+
+
+def set_top_k(model, k: int | None, *, backend: str | None = None) -> FocusConfig:
+    """Switch inference sparsity: ``None`` = soft gating, k = hard membership in the top-k groups."""
+    changes = {"top_k": k}
+    if backend is not None:
+        changes["backend"] = backend
+    return update_config(model, **changes)
+
+
+def router_parameters(model) -> list[torch.nn.Parameter]:
+    return [p for r in routers(model) for p in r.parameters()]

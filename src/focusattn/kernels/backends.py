@@ -1,0 +1,74 @@
+"""Backend names, lazy capability detection and the ``"auto"`` choice.
+
+Nothing here imports optional packages at import time: ``flash_attn`` is probed on first use (importing it can take
+seconds and print CUDA warnings), and FlexAttention's module is only imported by :mod:`.flex` when asked for.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+
+logger = logging.getLogger("focusattn")
+
+BACKENDS = ("auto", "dense", "decomposed", "flex")
+
+# dtypes PyTorch's CPU flash kernel accepts; others (float64) take the generic chunked path.
+CPU_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Compiled FlexAttention on CPU (torch 2.13): inference only and no LSE output ("torch.compile on CPU only supports
+# inference and `return_lse` is not supported yet"); the eager fallback materialises [Tq, Tk] scores.
+FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@functools.cache
+def cpu_flash_available() -> bool:
+    """PyTorch's CPU flash-attention op that also returns the per-row LSE (private aten op, so probe for it)."""
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+        torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
+    )
+
+
+@functools.cache
+def flash_attn_varlen():
+    """``flash_attn.flash_attn_varlen_func`` when flash-attn is installed and CUDA is usable, else ``None``."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("flash_attn") is None:
+        return None
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore
+    except Exception as exc:  # broken CUDA builds raise all sorts of errors on import
+        logger.warning("flash_attn is installed but failed to import (%s); using PyTorch kernels", exc)
+        return None
+    return flash_attn_varlen_func
+
+
+@functools.cache
+def flex_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def check_backend(backend: str, q: torch.Tensor) -> str:
+    """Validate ``backend`` for ``q``'s device/dtype and resolve ``"auto"``; raise ValueError naming ``backend``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"backend {backend!r} needs floating-point q/k/v, got {q.dtype}")
+    if backend == "flex":
+        if not flex_available():
+            raise ValueError("backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+        if q.dtype not in FLEX_DTYPES:
+            raise ValueError(f"backend 'flex' cannot run dtype {q.dtype}")
+    if backend == "auto":
+        # The decomposed path runs on every device/dtype (generic chunked kernels when no fused op applies).
+        backend = "decomposed"
+        _log_auto_choice(q.device.type, str(q.dtype), backend)
+    return backend
+
+
+@functools.cache
+def _log_auto_choice(device: str, dtype: str, choice: str) -> None:
+    """Logged once per (device, dtype): enough to know what ran without flooding a decode loop."""
+    engine = "cpu-flash" if device == "cpu" and cpu_flash_available() else (
+        "flash-attn varlen (inference)" if device == "cuda" and flash_attn_varlen() else "generic chunked")
+    logger.info("focus_attention backend='auto' -> %r on %s/%s (same-group engine: %s)", choice, device, dtype, engine)

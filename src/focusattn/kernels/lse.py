@@ -1,0 +1,49 @@
+"""Exact merging of partial attention results by log-sum-exp.
+
+Softmax attention over a key set that is the *disjoint* union of parts P1, P2, ... can be computed part by part:
+each part yields its own normalised output ``o_p`` and log-normaliser ``l_p = logsumexp_j s_ij``; then
+``l = logaddexp(l_1, l_2, ...)`` and ``o = sum_p exp(l_p - l) * o_p``. This is exact (no double counting) only if
+the parts are disjoint, which is why the Focus decomposition attributes every allowed pair to exactly one part.
+
+Conventions: LSE in natural-log units, ``-inf`` for a query with no key in the part (its ``o_p`` is ignored).
+Everything is done in float32 so that bf16/fp16 partials do not lose the tail of the softmax.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
+    """Replace ``-inf`` by 0 so that ``exp(x - lse)`` is 0 (not NaN) for empty rows, where ``x`` is also ``-inf``."""
+    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+
+
+def merge_pair(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor):
+    """Merge two disjoint partials. ``o``: ``[..., D]``, ``l``: ``[...]``. Returns float32 ``(o, l)``."""
+    l1, l2 = l1.float(), l2.float()
+    lse = torch.logaddexp(l1, l2)
+    ref = _finite_or_zero(lse)
+    w1 = torch.exp(l1 - ref).unsqueeze(-1)
+    w2 = torch.exp(l2 - ref).unsqueeze(-1)
+    # 0 * garbage must stay 0: a part with LSE -inf may carry any output (e.g. NaN-free zeros, but be safe).
+    o = torch.where(w1 > 0, w1 * o1.float(), 0.0) + torch.where(w2 > 0, w2 * o2.float(), 0.0)
+    return o, lse
+
+
+def merge_partials(outs, lses):
+    """Merge any number of disjoint partials (lists of ``[..., D]`` and ``[...]`` tensors)."""
+    if not outs:
+        raise ValueError("merge_partials needs at least one partial")
+    o, lse = outs[0].float(), lses[0].float()
+    for o2, l2 in zip(outs[1:], lses[1:]):
+        o, lse = merge_pair(o, lse, o2, l2)
+    return o, lse
+
+
+def mark_empty(lse: torch.Tensor, has_key: torch.Tensor) -> torch.Tensor:
+    """Set LSE to ``-inf`` where a row had no allowed key.
+
+    Needed because PyTorch's CPU flash kernel reports LSE 0 (not ``-inf``) for a fully masked row, which would
+    otherwise give that empty part weight ``exp(0 - l)`` in the merge.
+    """
+    return lse.masked_fill(~has_key, float("-inf"))
