@@ -213,7 +213,7 @@ def lazy_attention(
     *,
     scale: float | None = None,
     impl: str = "chunked",
-    block: int = 256,
+    block: int = 64,
     bias_beyond: str = "zero",
 ) -> torch.Tensor:
     """Causal Elastic-Softmax attention (see module docstring). ``tau``: ``[Hq]``; ``bias``: ``[Hq, W]``, W >= 1.

@@ -1,0 +1,39 @@
+"""Human-readable tables from result JSON (the CLI prints them; docs/RESULTS.md is generated from them)."""
+from __future__ import annotations
+
+
+def _f(x, nd=2):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def retrofit_table(s: dict) -> str:
+    """Markdown summary of one retrofit ``summary.json``."""
+    cfg, par, ppl = s["config"], s["parameters"], s["perplexity"]
+    f = cfg["focus"]
+    lines = [
+        f"model `{cfg['model']}`, data `{cfg['data']}`, {cfg['steps']} steps x {cfg['batch_size'] * cfg['grad_accum']}"
+        f" x {cfg['seq_len']} tokens; K={f['num_groups']}, d_g={f['group_dim']}, w={f['window']}, gate={f['gate']}"
+        f" (lam={f['lam']}, offset={f['gate_offset']}), routing={f['routing']}",
+        "",
+        f"trainable parameters: {par['router']:,} ({par['percent']:.3f}% of {par['total']:,})",
+        "",
+        "| split | before | after: soft | " + " | ".join(k.replace("top", "top-") for k in ppl["after"]["domain"]
+                                                       if k != "soft") + " |",
+        "|---|---|---|" + "---|" * (len(ppl["after"]["domain"]) - 1),
+    ]
+    for split in ("domain", "ood"):
+        if split not in ppl["after"]:
+            continue
+        a = ppl["after"][split]
+        row = [split + (" (" + cfg["ood_data"] + ")" if split == "ood" else " (" + cfg["data"] + ")"),
+               _f(ppl["before"].get(split)), _f(a["soft"])] + [_f(v) for k, v in a.items() if k != "soft"]
+        lines.append("| " + " | ".join(row) + " |")
+    g = s["groups"]
+    lines += ["", "per-layer group dominance (share of tokens in the largest group; balanced = "
+              f"{1 / f['num_groups']:.3f}) and mean assignment confidence:", "",
+              "| layer | " + " | ".join(str(x["layer"]) for x in g) + " |",
+              "|---|" + "---|" * len(g),
+              "| dominance | " + " | ".join(f"{x['dominance']:.2f}" for x in g) + " |",
+              "| confidence | " + " | ".join(f"{x['confidence']:.2f}" for x in g) + " |",
+              "", f"adapter: `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
+    return "\n".join(lines)

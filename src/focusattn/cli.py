@@ -1,0 +1,46 @@
+"""``focusattn`` command line: parse, call the library, print. No logic of its own."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Subcommand modules: each exposes ``register(subparsers)`` and sets ``func`` (args -> exit code) on its parser.
+COMMANDS = [
+    "focusattn.train.cli",
+]
+
+
+def _int_list(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="focusattn", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+    for mod in COMMANDS:
+        importlib.import_module(mod).register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
+    for noisy in ("transformers", "httpx", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        if args.verbose:
+            raise
+        print(f"focusattn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

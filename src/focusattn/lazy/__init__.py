@@ -1,0 +1,10 @@
+"""Lazy Attention (Fu et al., arXiv 2601.00919): RoPE + per-head distance bias + Elastic-Softmax."""
+from ..kernels.elastic import lazy_attention
+from .attention import LazyAttention
+from .bias import DistanceBias
+from .config import LazyConfig
+from .metrics import attention_report, sink_mass, sparsity, surviving_mass, uniform_sink_mass
+from .rope import RotaryEmbedding
+
+__all__ = ["DistanceBias", "LazyAttention", "LazyConfig", "RotaryEmbedding", "attention_report", "lazy_attention",
+           "sink_mass", "sparsity", "surviving_mass", "uniform_sink_mass"]

@@ -1,0 +1,92 @@
+"""``LazyConfig``: every Lazy Attention knob in one validated, typed place (decisions documented per field)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+TAU_MODES = ("nonneg", "free")
+BIAS_INITS = ("zeros", "normal")
+BIAS_BEYOND = ("zero", "clamp")
+IMPLS = ("reference", "chunked")
+
+
+@dataclass(frozen=True)
+class LazyConfig:
+    """Lazy Attention (RoPE + per-head distance bias + Elastic-Softmax).
+
+    n_heads, n_kv_heads: query heads and key/value heads (GQA when fewer; ``None`` = ``n_heads``).
+    max_seq_len: RoPE cache length; longer inputs raise instead of silently wrapping.
+    rope_base: 100000 by default. The paper asks for a "larger base" without a value; the dev code's multi-base
+        experiments centre on 150000 and Llama-style long-context models use 1e5..5e5. A larger base slows the lowest
+        frequencies so that long distances stay distinguishable, leaving short-range shape to the bias table.
+    use_bias: learnable per-head distance table ``b[h, d]`` for ``d < bias_window``.
+    bias_window (W): table width; past it the bias is 0 (``bias_beyond="zero"``, dev-code default) or the last entry
+        (``"clamp"``). Zero beyond W keeps lengths past W (and past the training length) on plain RoPE.
+    bias_init: ``"zeros"`` (default: at step 0 the layer is exactly RoPE + Elastic-Softmax, so the table only moves
+        where the loss asks it to) or ``"normal"`` (N(0, bias_init_std), the swat-attention dev code's 1e-3).
+    tau_mode: ``"nonneg"`` (default) stores an unconstrained ``theta`` with ``tau = softplus(theta)``; ``"free"`` is
+        the paper's unconstrained tau. A negative tau adds ``|tau|/n`` to every visible key, rows then sum to
+        ``1 + |tau|`` and nothing is zero (reviewer R4's point: learned offsets turned negative and *added* mass),
+        which defeats the purpose of thresholding; softplus keeps the threshold >= 0 and smooth.
+    tau_init: initial tau (1.0: threshold = the uniform weight 1/n, the paper's best Table 2 setting).
+    impl, block: kernel choice (``"reference"`` is faster for short sequences on CPU; ``"chunked"`` never builds
+        a T x T tensor) and its key-block size.
+    """
+
+    n_heads: int
+    n_kv_heads: int | None = None
+    max_seq_len: int = 2048
+    rope_base: float = 100000.0
+    use_bias: bool = True
+    bias_window: int = 512
+    bias_init: str = "zeros"
+    bias_init_std: float = 1e-3
+    bias_beyond: str = "zero"
+    tau_mode: str = "nonneg"
+    tau_init: float = 1.0
+    impl: str = "chunked"
+    block: int = 64
+
+    def __post_init__(self):
+        def bad(name, allowed):
+            raise ValueError(f"LazyConfig.{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+
+        if not isinstance(self.n_heads, int) or self.n_heads < 1:
+            bad("n_heads", "an integer >= 1")
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
+                                            or self.n_heads % self.n_kv_heads):
+            bad("n_kv_heads", f"None or a positive divisor of n_heads ({self.n_heads})")
+        if not isinstance(self.max_seq_len, int) or self.max_seq_len < 1:
+            bad("max_seq_len", "an integer >= 1")
+        if not self.rope_base > 1:
+            bad("rope_base", "a float > 1")
+        if not isinstance(self.bias_window, int) or self.bias_window < 1:
+            bad("bias_window", "an integer >= 1 (W, the bias table width)")
+        if self.bias_init not in BIAS_INITS:
+            bad("bias_init", BIAS_INITS)
+        if not self.bias_init_std >= 0:
+            bad("bias_init_std", "a float >= 0")
+        if self.bias_beyond not in BIAS_BEYOND:
+            bad("bias_beyond", BIAS_BEYOND)
+        if self.tau_mode not in TAU_MODES:
+            bad("tau_mode", TAU_MODES)
+        if self.tau_mode == "nonneg" and not self.tau_init > 0:
+            bad("tau_init", "a float > 0 when tau_mode='nonneg' (softplus cannot reach 0)")
+        if self.impl not in IMPLS:
+            bad("impl", IMPLS)
+        if not isinstance(self.block, int) or self.block < 1:
+            bad("block", "an integer >= 1")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LazyConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown LazyConfig keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)

@@ -1,0 +1,71 @@
+"""``focusattn retrofit`` and ``focusattn report``."""
+from __future__ import annotations
+
+import argparse
+
+from ..focus.config import BACKENDS, GATES, ROUTINGS, FocusConfig
+from .retrofit import RetrofitConfig
+
+
+def add_focus_args(p: argparse.ArgumentParser) -> None:
+    d = FocusConfig()
+    g = p.add_argument_group("Focus")
+    g.add_argument("--groups", type=int, default=d.num_groups, help="K, number of groups")
+    g.add_argument("--group-dim", type=int, default=d.group_dim, help="d_g, router projection size")
+    g.add_argument("--window", type=int, default=d.window, help="w, local window that always attends")
+    g.add_argument("--tau", type=float, default=d.tau)
+    g.add_argument("--sinkhorn-iters", type=int, default=d.sinkhorn_iters)
+    g.add_argument("--gate", choices=GATES, default=d.gate)
+    g.add_argument("--lam", type=float, default=d.lam, help="gate sharpness lambda")
+    g.add_argument("--gate-offset", type=float, default=d.gate_offset)
+    g.add_argument("--routing", choices=ROUTINGS, default=d.routing)
+    g.add_argument("--backend", choices=BACKENDS, default=d.backend, help="kernel for hard top-k")
+
+
+def focus_from_args(a) -> FocusConfig:
+    return FocusConfig(num_groups=a.groups, group_dim=a.group_dim, window=a.window, tau=a.tau,
+                       sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
+                       routing=a.routing, backend=a.backend)
+
+
+def _retrofit(a) -> int:
+    from ..analysis.report import retrofit_table
+    from .retrofit import retrofit
+
+    cfg = RetrofitConfig(
+        model=a.model, data=a.data, ood_data=None if a.ood_data == "none" else a.ood_data, out=a.out, steps=a.steps,
+        seq_len=a.seq_len, batch_size=a.batch_size, grad_accum=a.grad_accum, lr=a.lr, warmup=a.warmup, seed=a.seed,
+        eval_windows=a.eval_windows, ood_eval_windows=a.ood_eval_windows,
+        eval_top_ks=tuple(int(x) for x in a.eval_top_k.split(",")) if a.eval_top_k else None,
+        checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume,
+        focus=focus_from_args(a),
+    )
+    summary = retrofit(cfg)
+    print(retrofit_table(summary))
+    print(f"\nwrote {a.out}/summary.json")
+    return 0
+
+
+def register(sub) -> None:
+    d = RetrofitConfig()
+    p = sub.add_parser("retrofit", help="train Focus routers on a frozen pretrained LM and evaluate before/after",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=d.model, help="alias (smollm2-135m), hub id, or local folder")
+    p.add_argument("--data", default=d.data, help="shakespeare | lee-news | hf:<dataset> | path to .txt file/folder")
+    p.add_argument("--ood-data", default=d.ood_data, help="second corpus for the out-of-domain check ('none' = skip)")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="validation windows of --seq-len")
+    p.add_argument("--ood-eval-windows", type=int, default=d.ood_eval_windows)
+    p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing for long sequences")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    add_focus_args(p)
+    p.set_defaults(func=_retrofit)

@@ -1,0 +1,208 @@
+"""Centroid-only Focus retrofit: freeze a pretrained LM, train only the routers, evaluate before and after."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .._io import append_jsonl, write_json
+from ..analysis.groups import group_stats
+from ..data.corpora import load_corpus
+from ..data.tokens import check_length, eval_windows, random_windows, tokenize
+from ..eval.perplexity import perplexity
+from ..focus.config import FocusConfig
+from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
+from ..hf.io import adapter_state
+from .checkpoint import load_checkpoint, save_checkpoint
+from .schedule import cosine_lr
+
+log = logging.getLogger("focusattn")
+
+
+@dataclass(frozen=True)
+class RetrofitConfig:
+    """Defaults are sized for the offline demo on 2 CPU cores (~15 minutes); the paper trains 4000 steps at 1024."""
+
+    model: str = "smollm2-135m"
+    data: str = "shakespeare"
+    ood_data: str | None = "lee-news"
+    out: str = "runs/retrofit"
+    steps: int = 100
+    seq_len: int = 512
+    batch_size: int = 1
+    grad_accum: int = 1
+    lr: float = 5e-3
+    warmup: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+    eval_windows: int = 8
+    ood_eval_windows: int = 8
+    eval_top_ks: tuple[int, ...] | None = None  # None = 1..K
+    checkpoint_every: int = 25
+    grad_checkpointing: bool = False
+    resume: bool = False
+    focus: FocusConfig = field(default_factory=FocusConfig)
+
+    def __post_init__(self):
+        for name in ("steps", "seq_len", "batch_size", "grad_accum", "eval_windows", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"RetrofitConfig.{name}={getattr(self, name)!r} is invalid: allowed an integer >= 1")
+        if self.ood_eval_windows < 0:
+            raise ValueError(f"RetrofitConfig.ood_eval_windows={self.ood_eval_windows!r}: allowed an integer >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"RetrofitConfig.lr={self.lr!r} is invalid: allowed a float > 0")
+        if self.warmup < 0:
+            raise ValueError(f"RetrofitConfig.warmup={self.warmup!r} is invalid: allowed an integer >= 0")
+        if self.eval_top_ks is not None:
+            bad = [k for k in self.eval_top_ks if not 1 <= k <= self.focus.num_groups]
+            if bad:
+                raise ValueError(f"eval top-k {bad} out of range: allowed 1..{self.focus.num_groups}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["focus"] = self.focus.to_dict()
+        return d
+
+
+def _max_positions(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def _eval_suite(model, windows, top_ks, desc) -> dict:
+    res = {"soft": perplexity(model, windows, desc=f"{desc} soft")["ppl"]}
+    for k in top_ks:
+        set_top_k(model, k)
+        res[f"top{k}"] = perplexity(model, windows, desc=f"{desc} top-{k}")["ppl"]
+    set_top_k(model, None)
+    return res
+
+
+def retrofit(cfg: RetrofitConfig, *, progress: bool = True) -> dict:
+    """Run the whole job; writes ``metrics.jsonl``, ``checkpoint.pt``, ``adapter/`` and ``summary.json`` in ``out``."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    torch.manual_seed(cfg.seed)
+    model, tok = load_model(cfg.model)
+    max_pos = _max_positions(model)
+    if max_pos is not None and cfg.seq_len > max_pos:
+        raise ValueError(f"--seq-len {cfg.seq_len} exceeds the model's {max_pos} positions")
+    corpus = load_corpus(cfg.data)
+    train_ids, val_ids = tokenize(corpus, tok, tokenizer_id=cfg.model)
+    check_length(train_ids, cfg.seq_len, f"{cfg.data} train split", need=2)
+    check_length(val_ids, cfg.seq_len, f"{cfg.data} validation split")
+    val_w = eval_windows(val_ids, cfg.seq_len, cfg.eval_windows)
+    ood_w = None
+    if cfg.ood_data and cfg.ood_eval_windows:
+        ood = load_corpus(cfg.ood_data)
+        _, ood_val = tokenize(ood, tok, tokenizer_id=cfg.model)
+        ood_w = eval_windows(ood_val, cfg.seq_len, cfg.ood_eval_windows)
+    top_ks = list(cfg.eval_top_ks or range(1, cfg.focus.num_groups + 1))
+    log.info("%s | %d train / %d val tokens", corpus.describe(), len(train_ids), len(val_ids))
+
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = load_checkpoint(ckpt_path) if cfg.resume else None
+    before = (ckpt or {}).get("extra", {}).get("before")
+    if before is None:
+        before = {"domain": perplexity(model, val_w, desc="before: domain", progress=progress)["ppl"]}
+        if ood_w is not None:
+            before["ood"] = perplexity(model, ood_w, desc="before: ood", progress=progress)["ppl"]
+
+    compose(model, cfg.focus)
+    params = router_parameters(model)
+    n_router = sum(p.numel() for p in params)
+    n_total = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    start = 0
+    if ckpt is not None:
+        state = adapter_state(model)
+        if set(state) != set(ckpt["trainable"]):
+            raise ValueError(f"{ckpt_path} does not match this configuration; delete it or run without --resume")
+        with torch.no_grad():
+            for i, r in enumerate(routers(model)):
+                for name, t in list(r.named_parameters()) + list(r.named_buffers()):
+                    t.copy_(ckpt["trainable"][f"layers.{i}.{name}"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start = ckpt["step"]
+        log.info("resumed from %s at step %d", ckpt_path, start)
+    elif (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()
+
+    # Frozen model in eval mode (no dropout); routers train (updates the causal offsets). Gradient checkpointing
+    # needs the decoder blocks in train mode, so then only dropout modules are kept in eval.
+    model.eval()
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.eval()
+    for r in routers(model):
+        r.train()
+    device = next(model.parameters()).device
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="retrofit", disable=not progress)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
+    for step in bar:
+        t0 = time.time()
+        lr = cosine_lr(step, lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        rng = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
+        loss_sum = 0.0
+        for _ in range(cfg.grad_accum):
+            x = torch.as_tensor(random_windows(train_ids, cfg.seq_len, cfg.batch_size, rng), dtype=torch.long,
+                                device=device)
+            loss = model(x, labels=x).loss / cfg.grad_accum
+            loss.backward()
+            loss_sum += loss.item()
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip).item()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.time() - t0
+        rec = {"step": step + 1, "loss": loss_sum, "lr": lr, "grad_norm": gnorm, "tokens_per_s": tokens_per_step / dt}
+        append_jsonl(out / "metrics.jsonl", rec)
+        bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f"loss became {loss_sum} at step {step + 1}; last good checkpoint kept")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(ckpt_path, step=step + 1, trainable=adapter_state(model), optimizer=opt,
+                            extra={"before": before})
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_disable()
+    model.eval()
+
+    adapter_dir = save_adapter(model, out / "adapter")
+    after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
+    if ood_w is not None:
+        after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
+    groups = group_stats(model, val_w[: min(2, len(val_w))])
+    summary = {
+        "config": cfg.to_dict(),
+        "corpus": corpus.describe(),
+        "parameters": {"router": n_router, "total": n_total, "percent": 100.0 * n_router / n_total},
+        "perplexity": {"before": before, "after": after},
+        "groups": groups,
+        "final_loss": _final_loss(out / "metrics.jsonl"),
+        "adapter": str(adapter_dir),
+        "wall_seconds": time.time() - t_start,
+    }
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _final_loss(path: Path, last: int = 10) -> float | None:
+    import json
+
+    if not path.exists():
+        return None
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    tail = recs[-last:]
+    return sum(r["loss"] for r in tail) / len(tail) if tail else None
