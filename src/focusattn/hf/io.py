@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
@@ -76,7 +76,7 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
                          "pass check_base=False to load it anyway")
     try:
         tensors = load_file(str(path / WEIGHTS))
-    except (FileNotFoundError, SafetensorsError, OSError) as e:
+    except (FileNotFoundError, SafetensorError, OSError) as e:
         raise ValueError(f"adapter {path}: cannot read {WEIGHTS} ({e})") from e
     if not is_composed(model):
         compose(model, cfg)
