@@ -1,0 +1,164 @@
+"""Typed, validated configs for the from-scratch lab LM, and the named presets."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+ATTENTIONS = ("standard", "lazy", "lazy-no-bias", "elastic-only", "focus", "sliding")
+# RoPE base per variant when ModelConfig.rope_base is None. The Lazy variants use the "larger base" the paper asks for
+# (see LazyConfig.rope_base); elastic-only keeps the standard base, so lazy-no-bias vs elastic-only isolates the base.
+DEFAULT_ROPE_BASE = {"standard": 10000.0, "sliding": 10000.0, "focus": 10000.0, "elastic-only": 10000.0,
+                     "lazy": 100000.0, "lazy-no-bias": 100000.0}
+TAU_MODES = ("nonneg", "free")
+KERNEL_IMPLS = ("reference", "chunked")
+
+
+def _bad(cls, name, value, allowed):
+    raise ValueError(f"{cls}.{name}={value!r} is invalid: allowed {allowed}")
+
+
+def check_attention(name: str) -> str:
+    if name not in ATTENTIONS:
+        raise ValueError(f"unknown attention {name!r}; valid: {', '.join(ATTENTIONS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only LM shape and the attention variant.
+
+    block_size: training context length. max_seq_len: RoPE cache length (and the longest evaluation), 4x block_size
+        by default so the 2x/4x extrapolation evaluations fit.
+    window: local window of ``sliding`` (keys with ``0 <= i - j < window``) and of ``focus`` (pairs within it are never
+        gated).
+    bias_window: Lazy bias table width W; None = block_size (longer distances are never seen in training, so a wider
+        table would only hold untrained entries; past W the bias is 0).
+    """
+
+    attention: str = "standard"
+    vocab_size: int = 257
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    block_size: int = 128
+    max_seq_len: int | None = None
+    rope_base: float | None = None
+    window: int = 32
+    bias_window: int | None = None
+    tau_mode: str = "nonneg"
+    lazy_impl: str = "reference"
+    focus_groups: int = 4
+    focus_group_dim: int = 16
+    mlp_ratio: int = 4
+
+    def __post_init__(self):
+        c = "ModelConfig"
+        check_attention(self.attention)
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "window", "focus_groups",
+                     "focus_group_dim", "mlp_ratio"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                _bad(c, name, v, "an integer >= 1")
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            _bad(c, "d_model", self.d_model, f"a multiple of n_head ({self.n_head}) with an even head size (RoPE)")
+        if self.max_seq_len is not None and (not isinstance(self.max_seq_len, int) or self.max_seq_len < self.block_size):
+            _bad(c, "max_seq_len", self.max_seq_len, f"None or an integer >= block_size ({self.block_size})")
+        if self.rope_base is not None and not self.rope_base > 1:
+            _bad(c, "rope_base", self.rope_base, "None (variant default) or a float > 1")
+        if self.bias_window is not None and (not isinstance(self.bias_window, int) or self.bias_window < 1):
+            _bad(c, "bias_window", self.bias_window, "None (= block_size) or an integer >= 1")
+        if self.tau_mode not in TAU_MODES:
+            _bad(c, "tau_mode", self.tau_mode, TAU_MODES)
+        if self.lazy_impl not in KERNEL_IMPLS:
+            _bad(c, "lazy_impl", self.lazy_impl, KERNEL_IMPLS)
+
+    @property
+    def seq_cache(self) -> int:
+        return 4 * self.block_size if self.max_seq_len is None else self.max_seq_len
+
+    @property
+    def base(self) -> float:
+        return DEFAULT_ROPE_BASE[self.attention] if self.rope_base is None else float(self.rope_base)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """AdamW + linear warmup + cosine decay (``cosine_lr``). Equal compute across variants = the same TrainConfig."""
+
+    batch_size: int = 32
+    steps: int = 600
+    lr: float = 3e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_windows: int = 32
+    ckpt_interval: int = 100
+    threads: int = 1
+
+    def __post_init__(self):
+        c = "TrainConfig"
+        for name in ("batch_size", "steps", "log_interval", "eval_interval", "eval_windows", "ckpt_interval",
+                     "threads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                _bad(c, name, v, "an integer >= 1")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            _bad(c, "warmup", self.warmup, "an integer >= 0")
+        if not self.lr > 0:
+            _bad(c, "lr", self.lr, "a float > 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            _bad(c, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+        if not self.weight_decay >= 0:
+            _bad(c, "weight_decay", self.weight_decay, "a float >= 0")
+        if not self.grad_clip > 0:
+            _bad(c, "grad_clip", self.grad_clip, "a float > 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    note: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    # Unit tests and smoke runs: seconds.
+    "tiny": Preset(ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=32, window=8, focus_groups=2,
+                               focus_group_dim=8),
+                   TrainConfig(batch_size=4, steps=8, warmup=2, log_interval=2, eval_interval=4, eval_windows=2,
+                               ckpt_interval=4),
+                   note="tests only"),
+    # The lab on 2 shared CPU cores: about 3 minutes per run on one thread.
+    "lab": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
+                  TrainConfig(batch_size=16, steps=500, lr=3e-3, warmup=50, eval_interval=100, eval_windows=24,
+                              ckpt_interval=100),
+                  note="4 layers x 128 wide, T=128, 500 steps of 16 x 128 bytes (~1M tokens)"),
+    # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
+    "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
+                    TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,
+                                ckpt_interval=250, threads=4),
+                    note="nanoGPT shakespeare-char scale"),
+}
+
+
+def get_preset(name: str, attention: str, **model_overrides) -> tuple[ModelConfig, TrainConfig]:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    p = PRESETS[name]
+    return replace(p.model, attention=check_attention(attention), **model_overrides), p.train
+
+
+def model_config_from_dict(d: dict) -> ModelConfig:
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"unknown ModelConfig keys {sorted(unknown)}; known: {sorted(known)}")
+    return ModelConfig(**d)

@@ -1,0 +1,48 @@
+"""Deterministic LM data from a named corpus: byte tokens, BOS-led windows, batches a pure function of (seed, step).
+
+Because a batch depends only on ``(seed, step)``, a resumed run sees exactly the batches an uninterrupted run would,
+without saving any sampler state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..data.corpora import load_corpus
+from .tokenizer import BOS, encode
+
+DOC_SEP = "\n\n"
+
+
+@dataclass
+class LMData:
+    name: str
+    train: torch.Tensor  # int64 byte ids, documents joined by DOC_SEP in corpus order
+    val: torch.Tensor
+
+    @classmethod
+    def load(cls, name: str) -> "LMData":
+        c = load_corpus(name)
+        return cls(name, encode(DOC_SEP.join(d.text for d in c.train)), encode(DOC_SEP.join(d.text for d in c.val)))
+
+    @staticmethod
+    def _windows(tokens: torch.Tensor, offsets: torch.Tensor, t: int):
+        idx = offsets[:, None] + torch.arange(t)[None, :]
+        y = tokens[idx]
+        x = torch.cat([torch.full((len(offsets), 1), BOS, dtype=torch.long), y[:, :-1]], dim=1)
+        return x, y
+
+    def batch(self, seed: int, step: int, batch_size: int, t: int):
+        """Training batch ``(x, y)`` of shape ``[batch_size, t]``: x = BOS + y shifted right."""
+        if len(self.train) <= t:
+            raise ValueError(f"train split of {self.name!r} has {len(self.train)} tokens, fewer than a window of {t}")
+        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
+        return self._windows(self.train, torch.randint(0, len(self.train) - t, (batch_size,), generator=g), t)
+
+    def val_windows(self, t: int, n: int):
+        """``n`` evenly spaced validation windows of length ``t`` (the same ones for every model and seed)."""
+        if len(self.val) <= t:
+            raise ValueError(f"validation split of {self.name!r} has {len(self.val)} tokens, fewer than a window of {t}")
+        offsets = torch.linspace(0, len(self.val) - t - 1, n).long()
+        return self._windows(self.val, offsets, t)
