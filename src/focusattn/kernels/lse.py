@@ -25,9 +25,8 @@ def merge_pair(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.T
     ref = _finite_or_zero(lse)
     w1 = torch.exp(l1 - ref).unsqueeze(-1)
     w2 = torch.exp(l2 - ref).unsqueeze(-1)
-    # 0 * garbage must stay 0: a part with LSE -inf may carry any output (e.g. NaN-free zeros, but be safe).
-    o = torch.where(w1 > 0, w1 * o1.float(), 0.0) + torch.where(w2 > 0, w2 * o2.float(), 0.0)
-    return o, lse
+    # An empty part (LSE -inf) gets weight exactly 0; its output must be finite (all kernels here return zeros).
+    return torch.addcmul(w1 * o1.float(), w2, o2.float()), lse
 
 
 def merge_partials(outs, lses):
