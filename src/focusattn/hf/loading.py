@@ -77,7 +77,9 @@ def resolve_model_path(spec: str) -> str:
 def load_model(spec: str, *, dtype: torch.dtype = torch.float32):
     """Return ``(model, tokenizer)`` in eval mode. ``spec``: an alias (``smollm2-135m``), a hub id or a local folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own progress bars carry the information
     path = resolve_model_path(spec)
     try:
         tok = AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,99 @@
+"""End-to-end CLI runs on a tiny random local model (char-level tokenizer) and a local text corpus."""
+import json
+
+import pytest
+import torch
+
+from focusattn.cli import main
+
+from .hf.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(i): i - 32 for i in range(32, 127)}
+    vocab.update({"[UNK]": 95, "[EOS]": 96})
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="[EOS]", unk_token="[UNK]")
+    d = tmp_path_factory.mktemp("tiny")
+    model = tiny_model("llama")
+    model.save_pretrained(d / "model")
+    tok.save_pretrained(d / "model")
+    corpus = d / "corpus"
+    corpus.mkdir()
+    g = torch.Generator().manual_seed(0)
+    words = ["the", "king", "queen", "sword", "crown", "night", "love", "war", "and", "of"]
+    for i in range(6):
+        idx = torch.randint(0, len(words), (600,), generator=g)
+        (corpus / f"doc{i}.txt").write_text(" ".join(words[j] for j in idx))
+    return d
+
+
+def _run(tmp_path, tiny_dir, *extra):
+    out = tmp_path / "run"
+    args = ["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
+            str(tiny_dir / "corpus" / "doc0.txt"), "--out", str(out), "--seq-len", "48", "--groups", "3",
+            "--window", "8", "--eval-windows", "2", "--ood-eval-windows", "1", "--checkpoint-every", "2", "--backend", "dense", *extra]
+    return out, main(args)
+
+
+def test_retrofit_end_to_end_and_resume(tmp_path, tiny_dir, capsys):
+    out, rc = _run(tmp_path, tiny_dir, "--steps", "3")
+    assert rc == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s["perplexity"]["after"]["domain"]) == {"soft", "top1", "top2", "top3"}
+    assert s["perplexity"]["before"]["domain"] > 1 and "ood" in s["perplexity"]["after"]
+    assert s["parameters"]["router"] == 2 * (64 * 16 + 3 * 16)
+    assert len(s["groups"]) == 2 and all(1 / 3 - 1e-6 <= g["dominance"] <= 1 for g in s["groups"])
+    assert (out / "adapter" / "adapter.safetensors").exists()
+    assert "trainable parameters" in capsys.readouterr().out
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
+    # resume continues from the saved step to the new total, appending to the metrics
+    rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
+               "none", "--out", str(out), "--seq-len", "48", "--groups", "3", "--window", "8", "--eval-windows", "2",
+               "--steps", "5", "--resume", "--backend", "dense"])
+    assert rc == 0
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_resume_is_exact(tmp_path, tiny_dir):
+    """Stopping at step 2 and resuming to 4 gives the same routers as 4 steps in one go."""
+    a, _ = _run(tmp_path / "a", tiny_dir, "--steps", "4", "--eval-top-k", "1")
+    b, _ = _run(tmp_path / "b", tiny_dir, "--steps", "2", "--eval-top-k", "1")
+    _run(tmp_path / "b", tiny_dir, "--steps", "4", "--eval-top-k", "1", "--resume")
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(str(a / "adapter/adapter.safetensors")), load_file(str(b / "adapter/adapter.safetensors"))
+    assert all(torch.allclose(ta[k], tb[k], atol=1e-6) for k in ta)
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--groups", "0"], "num_groups"),
+    (["--window", "-1"], "window"),
+    (["--eval-top-k", "9"], "top-k"),
+    (["--seq-len", "100000"], "positions"),
+    (["--model", "./no/such/model"], "no such file"),
+])
+def test_bad_input_is_one_line_error(tmp_path, tiny_dir, capsys, extra, msg):
+    out, rc = _run(tmp_path, tiny_dir, "--steps", "1", *extra)
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert rc == 2 and len(err) == 1 and msg in err[0]
+    assert not (out / "summary.json").exists()
+
+
+def test_too_short_corpus(tmp_path, tiny_dir, capsys):
+    small = tmp_path / "small.txt"
+    small.write_text("tiny")
+    rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(small), "--out", str(tmp_path / "o"),
+               "--seq-len", "48", "--steps", "1"])
+    assert rc == 2 and "too short" in capsys.readouterr().err
+
+
+def test_resume_without_checkpoint(tmp_path, tiny_dir, capsys):
+    out, rc = _run(tmp_path, tiny_dir, "--steps", "1", "--resume")
+    assert rc == 2 and "no checkpoint" in capsys.readouterr().err
