@@ -48,8 +48,9 @@ def flex_available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
-def check_backend(backend: str, q: torch.Tensor) -> str:
-    """Validate ``backend`` for ``q``'s device/dtype and resolve ``"auto"``; raise ValueError naming ``backend``."""
+def check_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> str:
+    """Validate ``backend`` for ``q``'s device/dtype (and whether a backward pass is needed) and resolve ``"auto"``;
+    raise ValueError naming ``backend``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not q.dtype.is_floating_point:
@@ -59,6 +60,9 @@ def check_backend(backend: str, q: torch.Tensor) -> str:
             raise ValueError("backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
         if q.dtype not in FLEX_DTYPES:
             raise ValueError(f"backend 'flex' cannot run dtype {q.dtype}")
+        if needs_grad and q.device.type == "cpu":
+            raise ValueError(f"backend 'flex' has no backward on CPU in torch {torch.__version__} (FlexAttention "
+                             "raises NotImplementedError); use backend='decomposed' or 'dense' for gradients")
     if backend == "auto":
         # The decomposed path runs on every device/dtype (generic chunked kernels when no fused op applies).
         backend = "decomposed"

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import CPU_FLASH_DTYPES, cpu_flash_available, flash_attn_varlen
-from .lse import _finite_or_zero, mark_empty, merge_pair
+from .lse import _finite_or_zero, acc, acc_dtype, mark_empty, merge_pair
 
 NEG_INF = float("-inf")
 # Score elements per chunk in the chunked paths (~16 MiB of fp32): bounds memory, big enough to amortise overhead.
@@ -50,7 +50,7 @@ BAND_BLOCK = 64
 def _scores(q, k, scale, softcap):
     *lead, h, g, m, d = q.shape
     n = k.shape[-2]
-    raw = torch.matmul(q.float().reshape(*lead, h, g * m, d), k.float().transpose(-1, -2)).view(*lead, h, g, m, n)
+    raw = torch.matmul(acc(q).reshape(*lead, h, g * m, d), acc(k).transpose(-1, -2)).view(*lead, h, g, m, n)
     raw = raw * scale
     t = torch.tanh(raw / softcap) if softcap is not None else None
     return (softcap * t if t is not None else raw), t
@@ -63,7 +63,7 @@ def block_attn_fwd(q, k, v, mask, scale, softcap):
     s = s.masked_fill(~mask, NEG_INF)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - _finite_or_zero(lse).unsqueeze(-1))
-    out = torch.matmul(p.view(*lead, h, g * m, -1), v.float()).view(*lead, h, g, m, d)
+    out = torch.matmul(p.view(*lead, h, g * m, -1), acc(v)).view(*lead, h, g, m, d)
     return out, lse
 
 
@@ -72,18 +72,18 @@ def block_attn_bwd(q, k, v, mask, scale, softcap, do, o, lse, dlse):
     *lead, h, g, m, d = q.shape
     n = k.shape[-2]
     s, t = _scores(q, k, scale, softcap)
-    p = torch.exp(s.masked_fill(~mask, NEG_INF) - _finite_or_zero(lse.float()).unsqueeze(-1))
-    do2 = do.float().reshape(*lead, h, g * m, d)
-    dp = torch.matmul(do2, v.float().transpose(-1, -2)).view(*lead, h, g, m, n)
-    delta = (do.float() * o.float()).sum(-1)
+    p = torch.exp(s.masked_fill(~mask, NEG_INF) - _finite_or_zero(acc(lse)).unsqueeze(-1))
+    do2 = acc(do).reshape(*lead, h, g * m, d)
+    dp = torch.matmul(do2, acc(v).transpose(-1, -2)).view(*lead, h, g, m, n)
+    delta = (acc(do) * acc(o)).sum(-1)
     if dlse is not None:
-        delta = delta - dlse.float()
+        delta = delta - acc(dlse)
     ds = p * (dp - delta.unsqueeze(-1))
     if t is not None:
         ds = ds * (1.0 - t * t)
     ds = (ds * scale).view(*lead, h, g * m, n)
-    dq = torch.matmul(ds, k.float()).view(*lead, h, g, m, d)
-    dk = torch.matmul(ds.transpose(-1, -2), q.float().reshape(*lead, h, g * m, d))
+    dq = torch.matmul(ds, acc(k)).view(*lead, h, g, m, d)
+    dk = torch.matmul(ds.transpose(-1, -2), acc(q).reshape(*lead, h, g * m, d))
     dv = torch.matmul(p.view(*lead, h, g * m, n).transpose(-1, -2), do2)
     return dq, dk, dv
 
@@ -254,9 +254,9 @@ def _a_bwd_cpu_flash(plan, q, k, v, membership, kpm, scale, do, o, lse, dlse, dq
         gq, gk, gv = cpu_flash_bwd(dog, qg, kg, vg, og, lg, dlg, None, scale)
     else:
         n = len(plan.idx)
-        gq = torch.zeros(qg.shape, device=q.device)
-        gk = torch.zeros(kg.shape, device=q.device)
-        gv = torch.zeros(vg.shape, device=q.device)
+        gq = torch.zeros(qg.shape, device=q.device, dtype=acc_dtype(q.dtype))
+        gk = torch.zeros(kg.shape, device=q.device, dtype=acc_dtype(q.dtype))
+        gv = torch.zeros(vg.shape, device=q.device, dtype=acc_dtype(q.dtype))
         step = _flash_rows(n)
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
@@ -267,9 +267,9 @@ def _a_bwd_cpu_flash(plan, q, k, v, membership, kpm, scale, do, o, lse, dlse, dq
             gq[:, :, rs] += a
             gk[:, :, :r1] += b_
             gv[:, :, :r1] += c
-    dq[plan.b].index_add_(1, plan.idx, gq[0].float())
-    dk[plan.b].index_add_(1, plan.idx, gk[0].float())
-    dv[plan.b].index_add_(1, plan.idx, gv[0].float())
+    dq[plan.b].index_add_(1, plan.idx, acc(gq[0]))
+    dk[plan.b].index_add_(1, plan.idx, acc(gk[0]))
+    dv[plan.b].index_add_(1, plan.idx, acc(gv[0]))
 
 
 def _a_bwd_generic(plan, q, k, v, membership, kpm, scale, softcap, do, o, lse, dlse, dq, dk, dv):
@@ -281,9 +281,9 @@ def _a_bwd_generic(plan, q, k, v, membership, kpm, scale, softcap, do, o, lse, d
     dlg = None if dlse is None else dlse[plan.b].index_select(1, plan.idx).view(1, hkv, g, -1)
     kg, vg = _gather(k, plan), _gather(v, plan)
     n = len(plan.idx)
-    gq = torch.zeros(1, hkv, g, n, d, device=q.device)
-    gk = torch.zeros(1, hkv, n, d, device=q.device)
-    gv = torch.zeros(1, hkv, n, d, device=q.device)
+    gq = torch.zeros(1, hkv, g, n, d, device=q.device, dtype=acc_dtype(q.dtype))
+    gk = torch.zeros(1, hkv, n, d, device=q.device, dtype=acc_dtype(q.dtype))
+    gv = torch.zeros(1, hkv, n, d, device=q.device, dtype=acc_dtype(q.dtype))
     step = _row_chunk(n, hq)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
@@ -307,25 +307,45 @@ def _a_bwd_generic(plan, q, k, v, membership, kpm, scale, softcap, do, o, lse, d
 class _Band:
     """Index bookkeeping for the banded part, shared by forward and backward."""
 
-    def __init__(self, t: int, window: int, device, block: int = BAND_BLOCK):
+    def __init__(self, t: int, window: int, membership, kpm):
+        device = membership.device
+        block = BAND_BLOCK
         self.t, self.w, self.c = t, window, block
         self.nb = -(-t // block)
         self.l = block + window
         nbr = torch.arange(self.nb, device=device)
-        self.qpos = nbr[:, None] * block + torch.arange(block, device=device)[None, :]  # [nb, C]
+        self.qpos_c = (nbr[:, None] * block + torch.arange(block, device=device)[None, :]).clamp(max=t - 1)
         self.kpos = nbr[:, None] * block - window + torch.arange(self.l, device=device)[None, :]  # [nb, L]
         self.kpos_c = self.kpos.clamp(0, t - 1)
-
-    def mask(self, membership_f, kpm, n0, n1):
-        """Bool ``[B * (n1 - n0), C, L]``: in band, in range, no shared group, key not padded."""
-        qp, kp, kc = self.qpos[n0:n1], self.kpos[n0:n1], self.kpos_c[n0:n1]
-        dist = qp[:, :, None] - kp[:, None, :]
-        ok = (dist >= 1) & (dist <= self.w) & (kp >= 0)[:, None, :] & (qp < self.t)[:, :, None]
-        mq = membership_f[:, qp.clamp(max=self.t - 1)]  # [B, n, C, K]
-        mk = membership_f[:, kc]  # [B, n, L, K]
-        ok = ok[None] & (torch.matmul(mq, mk.transpose(-1, -2)) == 0)
+        # Query c of a block sits at distance c + w - l from key l: the band pattern is the same for every block.
+        dist = torch.arange(block, device=device)[:, None] + window - torch.arange(self.l, device=device)[None, :]
+        self.base = (dist >= 1) & (dist <= window)  # [C, L]
+        self.kvalid = self.kpos >= 0  # only the first ceil(w / C) blocks have keys before position 0
         if kpm is not None:
-            ok = ok & kpm[:, kc][:, :, None, :]
+            self.kvalid = self.kvalid[None] & kpm[:, self.kpos_c]  # [B, nb, L]
+        kk = membership.shape[-1]
+        if kk <= 63:  # one int64 bitmask per token: "shares a group" is one AND, cheaper than a K-long dot
+            weights = torch.ones((), dtype=torch.int64, device=device) << torch.arange(kk, device=device)
+            self.bits = (membership.long() * weights).sum(-1)  # [B, T]
+            self.mf = None
+        else:
+            self.bits, self.mf = None, membership.float()
+
+    def mask(self, n0, n1):
+        """Bool ``[B * (n1 - n0), C, L]``: in band, key in range and not padded, no shared group. Rows past T
+        (padding of the last block) are left as they are: their outputs are discarded."""
+        qc, kc = self.qpos_c[n0:n1], self.kpos_c[n0:n1]
+        if self.bits is not None:
+            bq, bk = self.bits[:, qc], self.bits[:, kc]  # [B, n, C], [B, n, L]
+            ok = (bq[..., :, None] & bk[..., None, :]) == 0
+        else:
+            ok = torch.matmul(self.mf[:, qc], self.mf[:, kc].transpose(-1, -2)) == 0
+        ok &= self.base
+        kv = self.kvalid[..., n0:n1, :]
+        if kv.dim() == 3:  # padding mask given: [B, n, L]
+            ok &= kv[:, :, None, :]
+        elif n0 * self.c < self.w:  # chunk contains blocks whose window starts before position 0
+            ok &= kv[None, :, None, :]
         return ok.flatten(0, 1)
 
     def chunks(self, bsz, hq):
@@ -337,8 +357,11 @@ class _Band:
         """``[B, H, T, (D)]`` -> ``[B * n, H, C, (D)]`` for blocks ``n0:n1`` (zero rows past T)."""
         bsz, h = x.shape[:2]
         tail = x.shape[3:]
-        x = torch.nn.functional.pad(x, (0, 0) * len(tail) + (0, self.nb * self.c - self.t))
-        x = x.view(bsz, h, self.nb, self.c, *tail)[:, :, n0:n1]
+        x = x[:, :, n0 * self.c:n1 * self.c]
+        short = (n1 - n0) * self.c - x.shape[2]
+        if short:
+            x = torch.nn.functional.pad(x, (0, 0) * len(tail) + (0, short))
+        x = x.reshape(bsz, h, n1 - n0, self.c, *tail)
         return x.transpose(1, 2).reshape(bsz * (n1 - n0), h, self.c, *tail)
 
     def k_windows(self, x, n0, n1):
@@ -355,13 +378,12 @@ class _Band:
 def _b_forward(q, k, v, membership, kpm, window, scale, softcap):
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
-    band = _Band(t, window, q.device)
-    mf = membership.float()
+    band = _Band(t, window, membership, kpm)
     fused = _engine(q, softcap) == "cpu-flash"
-    out = torch.zeros(bsz, hq, band.nb * band.c, d, device=q.device)
-    lse = torch.full((bsz, hq, band.nb * band.c), NEG_INF, device=q.device)
+    out = torch.zeros(bsz, hq, band.nb * band.c, d, device=q.device, dtype=acc_dtype(q.dtype))
+    lse = torch.full((bsz, hq, band.nb * band.c), NEG_INF, device=q.device, dtype=acc_dtype(q.dtype))
     for n0, n1 in band.chunks(bsz, hq):
-        allowed = band.mask(mf, kpm, n0, n1)
+        allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
         if fused:
             o, l_ = cpu_flash_fwd(qb, kb, vb, allowed[:, None], scale)
@@ -378,12 +400,11 @@ def _b_forward(q, k, v, membership, kpm, window, scale, softcap):
 def _b_backward(q, k, v, membership, kpm, window, scale, softcap, do, o, lse, dlse, dq, dk, dv):
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
-    band = _Band(t, window, q.device)
-    mf = membership.float()
+    band = _Band(t, window, membership, kpm)
     fused = _engine(q, softcap) == "cpu-flash"
-    dq_pad = torch.zeros(bsz, hq, band.nb * band.c, d, device=q.device)
+    dq_pad = torch.zeros(bsz, hq, band.nb * band.c, d, device=q.device, dtype=acc_dtype(q.dtype))
     for n0, n1 in band.chunks(bsz, hq):
-        allowed = band.mask(mf, kpm, n0, n1)
+        allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
         dob, ob, lb = band.q_blocks(do, n0, n1), band.q_blocks(o, n0, n1), band.q_blocks(lse, n0, n1)
         dlb = None if dlse is None else band.q_blocks(dlse, n0, n1)
@@ -394,11 +415,11 @@ def _b_backward(q, k, v, membership, kpm, window, scale, softcap, do, o, lse, dl
             a, b_, c = block_attn_bwd(g5(qb), kb, vb, allowed[:, None, None], scale, softcap, g5(dob), g5(ob),
                                       g5(lb), None if dlb is None else g5(dlb))
             a = a.reshape(qb.shape)
-        dq_pad[:, :, n0 * band.c:n1 * band.c] += band.unblock(a.float(), bsz, n0, n1)
+        dq_pad[:, :, n0 * band.c:n1 * band.c] += band.unblock(acc(a), bsz, n0, n1)
         kidx = band.kpos_c[n0:n1].flatten()  # out-of-range keys were masked, so they add exact zeros
         nn = n1 - n0
-        dk.index_add_(2, kidx, b_.float().view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
-        dv.index_add_(2, kidx, c.float().view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
+        dk.index_add_(2, kidx, acc(b_).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
+        dv.index_add_(2, kidx, acc(c).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
     dq += dq_pad[:, :, :t]
 
 
@@ -413,8 +434,8 @@ def _engine(q, softcap) -> str:
 
 def _forward(q, k, v, membership, kpm, window, scale, softcap, plans, varlen_fn=None):
     bsz, hq, t, d = q.shape
-    o_acc = torch.zeros(bsz, hq, t, d, device=q.device)
-    l_acc = torch.full((bsz, hq, t), NEG_INF, device=q.device)
+    o_acc = torch.zeros(bsz, hq, t, d, device=q.device, dtype=acc_dtype(q.dtype))
+    l_acc = torch.full((bsz, hq, t), NEG_INF, device=q.device, dtype=acc_dtype(q.dtype))
     overlap = bool((membership.sum(-1) > 1).any())
     engine = _engine(q, softcap)
 
@@ -434,7 +455,7 @@ def _forward(q, k, v, membership, kpm, window, scale, softcap, plans, varlen_fn=
             o_m, l_m = merge_pair(o_acc[p.b].index_select(1, p.idx), l_acc[p.b].index_select(1, p.idx), o_p[0],
                                   l_p[0])
         else:  # top-1: each token's only same-group partial goes straight in
-            o_m, l_m = o_p[0].float(), l_p[0].float()
+            o_m, l_m = acc(o_p[0]), acc(l_p[0])
         o_acc[p.b].index_copy_(1, p.idx, o_m)
         l_acc[p.b].index_copy_(1, p.idx, l_m)
     if window > 0:
@@ -460,9 +481,9 @@ class _DecomposedFocus(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dout = dout.to(q.dtype).contiguous()
-        dq = torch.zeros(q.shape, device=q.device)
-        dk = torch.zeros(k.shape, device=q.device)
-        dv = torch.zeros(v.shape, device=q.device)
+        dq = torch.zeros(q.shape, device=q.device, dtype=acc_dtype(q.dtype))
+        dk = torch.zeros(k.shape, device=q.device, dtype=acc_dtype(q.dtype))
+        dv = torch.zeros(v.shape, device=q.device, dtype=acc_dtype(q.dtype))
         engine = _engine(q, ctx.softcap)
         for p in ctx.plans:
             if engine == "cpu-flash":
@@ -477,17 +498,17 @@ class _DecomposedFocus(torch.autograd.Function):
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                               return_lse=False, use_varlen: bool | None = None):
+                               return_lse=False, varlen_fn="auto"):
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor (inputs assumed validated by the API).
 
-    ``use_varlen``: use flash-attn's packed varlen kernel for the same-group part (forward only; the backward
-    always uses PyTorch ops). ``None`` = when on CUDA with flash-attn installed and fp16/bf16 inputs.
+    ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
+    backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
+    flash-attn installed and fp16/bf16 inputs.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    varlen_fn = None
-    if use_varlen is None:
-        use_varlen = q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
-    if use_varlen:
-        varlen_fn = flash_attn_varlen()
+    if varlen_fn == "auto":
+        varlen_fn = None
+        if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
+            varlen_fn = flash_attn_varlen()
     out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn)
     return (out, lse) if return_lse else out

@@ -6,11 +6,20 @@ each part yields its own normalised output ``o_p`` and log-normaliser ``l_p = lo
 the parts are disjoint, which is why the Focus decomposition attributes every allowed pair to exactly one part.
 
 Conventions: LSE in natural-log units, ``-inf`` for a query with no key in the part (its ``o_p`` is ignored).
-Everything is done in float32 so that bf16/fp16 partials do not lose the tail of the softmax.
+Everything is done in float32 (float64 for float64 inputs) so that bf16/fp16 partials do not lose the tail of the softmax.
 """
 from __future__ import annotations
 
 import torch
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float32, or float64 for float64 inputs (so gradcheck-grade precision stays possible)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def acc(x: torch.Tensor) -> torch.Tensor:
+    return x.to(acc_dtype(x.dtype))
 
 
 def _finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
@@ -19,21 +28,21 @@ def _finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
 
 
 def merge_pair(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor):
-    """Merge two disjoint partials. ``o``: ``[..., D]``, ``l``: ``[...]``. Returns float32 ``(o, l)``."""
-    l1, l2 = l1.float(), l2.float()
+    """Merge two disjoint partials. ``o``: ``[..., D]``, ``l``: ``[...]``. Returns ``(o, l)`` in float32 (or 64)."""
+    l1, l2 = acc(l1), acc(l2)
     lse = torch.logaddexp(l1, l2)
     ref = _finite_or_zero(lse)
     w1 = torch.exp(l1 - ref).unsqueeze(-1)
     w2 = torch.exp(l2 - ref).unsqueeze(-1)
     # An empty part (LSE -inf) gets weight exactly 0; its output must be finite (all kernels here return zeros).
-    return torch.addcmul(w1 * o1.float(), w2, o2.float()), lse
+    return torch.addcmul(w1 * acc(o1), w2, acc(o2)), lse
 
 
 def merge_partials(outs, lses):
     """Merge any number of disjoint partials (lists of ``[..., D]`` and ``[...]`` tensors)."""
     if not outs:
         raise ValueError("merge_partials needs at least one partial")
-    o, lse = outs[0].float(), lses[0].float()
+    o, lse = acc(outs[0]), acc(lses[0])
     for o2, l2 in zip(outs[1:], lses[1:]):
         o, lse = merge_pair(o, lse, o2, l2)
     return o, lse

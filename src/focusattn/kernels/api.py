@@ -1,0 +1,85 @@
+"""``focus_attention``: one entry point, one contract, several interchangeable backends.
+
+Contract (all backends): q ``[B, Hq, Tq, D]``, k/v ``[B, Hkv, Tk, D]``, ``Hq % Hkv == 0``, ``Tq <= Tk`` with queries
+aligned to the end of the keys. Query i (absolute position ``p = Tk - Tq + i``) attends key j iff ``j <= p`` and
+(``p - j <= window`` or the two tokens share a group) and, if given, ``key_padding_mask[b, j]``. Returns the output
+in q's dtype and, with ``return_lse``, the float32 (float64 for float64 inputs) natural-log LSE ``[B, Hq, Tq]`` (``-inf`` and a zero output for a
+query with no allowed key). Gradients flow to q, k, v (and through the LSE) for every backend.
+
+Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
+:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (= decomposed, logged once).
+"""
+from __future__ import annotations
+
+import torch
+
+from .backends import check_backend
+from .decode import focus_decode_attention
+from .decomposed import decomposed_focus_attention
+from .flex import flex_focus_attention
+from .lse import acc
+from .reference import dense_focus_attention
+
+
+def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None) -> None:
+    """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, H, T, D], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q head dim D={q.shape[-1]} differs from k/v head dim D={k.shape[-1]}")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(f"q length Tq={q.shape[2]} exceeds k length Tk={k.shape[2]} (queries align to the end)")
+    if not isinstance(membership, torch.Tensor) or membership.dtype != torch.bool:
+        raise ValueError(f"membership must be a bool tensor [B, Tk, K], got "
+                         f"{membership.dtype if isinstance(membership, torch.Tensor) else type(membership).__name__}")
+    if membership.dim() != 3 or membership.shape[:2] != (k.shape[0], k.shape[2]) or membership.shape[2] < 1:
+        raise ValueError(f"membership must have shape [B, Tk, K] = [{k.shape[0]}, {k.shape[2]}, K>=1], "
+                         f"got {tuple(membership.shape)}")
+    if not bool(membership.any(-1).all()):
+        raise ValueError("membership: every token must belong to at least one group")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0, got {window!r}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap!r}")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+            raise ValueError("key_padding_mask must be a bool tensor [B, Tk] (True = real token)")
+        if key_padding_mask.shape != (k.shape[0], k.shape[2]):
+            raise ValueError(f"key_padding_mask must have shape [B, Tk] = [{k.shape[0]}, {k.shape[2]}], "
+                             f"got {tuple(key_padding_mask.shape)}")
+    for name, t in (("k", k), ("v", v), ("membership", membership), ("key_padding_mask", key_padding_mask)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None, backend="auto",
+                    return_lse=False):
+    """Hard-mask Focus attention (see module docstring for the contract)."""
+    validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
+                          key_padding_mask=key_padding_mask)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    backend = check_backend(backend, q, needs_grad)
+    kw = dict(scale=scale, softcap=softcap, key_padding_mask=key_padding_mask)
+    if backend == "dense":
+        res = dense_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
+        res = (res[0], acc(res[1]))
+    elif backend == "flex":
+        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse, **kw)
+        res = res if return_lse else (res, None)
+    elif q.shape[2] < k.shape[2]:
+        res = focus_decode_attention(q, k, v, membership, window, return_lse=True, **kw)
+    else:
+        res = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
+    return res if return_lse else res[0]

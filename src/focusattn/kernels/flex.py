@@ -1,0 +1,95 @@
+"""FlexAttention formulation of the hard Focus mask, for comparison with the decomposed kernel.
+
+The same rule as :func:`focusattn.kernels.reference.focus_allowed`, written as a ``mask_mod`` over a per-token group
+bitmask, so FlexAttention's block mask can skip key blocks that are entirely outside window and groups.
+
+What works on CPU with torch 2.13: ``torch.compile(flex_attention)`` runs, but only for inference and without the
+LSE output (inductor: "torch.compile on CPU only supports inference and `return_lse` is not supported yet"). We
+therefore use the compiled kernel when no gradient and no LSE are needed and the eager implementation otherwise
+(exact, but it materialises the ``[Tq, Tk]`` scores, so it is a test oracle there, not a fast path).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import torch
+
+from .backends import logger
+from .lse import acc
+
+
+def group_bits(membership: torch.Tensor) -> torch.Tensor:
+    """``[B, T, W]`` int64 words, 63 groups per word (bit 63 unused so words stay non-negative)."""
+    kk = membership.shape[-1]
+    words = -(-kk // 63)
+    m = torch.nn.functional.pad(membership.long(), (0, words * 63 - kk)).view(*membership.shape[:2], words, 63)
+    weights = torch.ones((), dtype=torch.int64, device=membership.device) << torch.arange(63, device=m.device)
+    return (m * weights).sum(-1)
+
+
+def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None):
+    """``mask_mod(b, h, q_idx, kv_idx)`` for queries aligned to the end of ``membership``'s keys."""
+    bits = group_bits(membership)
+    offset = membership.shape[1] - tq
+    words = bits.shape[-1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qi = q_idx + offset
+        shared = (bits[b, qi, 0] & bits[b, kv_idx, 0]) != 0
+        for w in range(1, words):
+            shared = shared | ((bits[b, qi, w] & bits[b, kv_idx, w]) != 0)
+        ok = (kv_idx <= qi) & ((qi - kv_idx <= window) | shared)
+        if key_padding_mask is not None:
+            ok = ok & key_padding_mask[b, kv_idx]
+        return ok
+
+    return mask_mod
+
+
+def focus_block_mask(membership, window: int, tq: int, key_padding_mask=None):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    bsz, tk, _ = membership.shape
+    return create_block_mask(focus_mask_mod(membership, window, tq, key_padding_mask), bsz, None, tq, tk,
+                             device=membership.device)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
+                         return_lse=False, block_mask=None, compile: bool | None = None):
+    """Focus attention via FlexAttention. ``block_mask``: reuse one built by :func:`focus_block_mask` (building it
+    is O(Tq Tk / 128^2) mask_mod evaluations, worth caching across layers). ``compile``: None = when allowed."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    tq = q.shape[2]
+    if block_mask is None:
+        block_mask = focus_block_mask(membership, window, tq, key_padding_mask)
+    score_mod = None
+    if softcap is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return softcap * torch.tanh(score / softcap)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    can_compile = not needs_grad and not return_lse
+    if compile is None:
+        compile = can_compile
+    if compile and not can_compile and q.device.type == "cpu":
+        logger.info("flex: compiled CPU FlexAttention supports neither gradients nor LSE; running eager")
+        compile = False
+    fn = _compiled_flex() if compile else flex_attention
+    gqa = q.shape[1] != k.shape[1]
+    with warnings.catch_warnings():  # eager use is deliberate here (see module docstring)
+        warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+        if return_lse:
+            out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+                          return_aux=AuxRequest(lse=True))
+            return out, acc(aux.lse)
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
