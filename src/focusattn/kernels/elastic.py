@@ -178,7 +178,8 @@ class _ChunkedLazy(torch.autograd.Function):
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
         dtau = torch.zeros((hkv, g), dtype=q.dtype, device=q.device)
-        dtmpl = torch.zeros((hkv, g, plan.tk, plan.block), dtype=q.dtype, device=q.device)
+        want_bias = ctx.needs_input_grad[4]
+        dtmpl = torch.zeros((hkv, g, plan.tk, plan.block), dtype=q.dtype, device=q.device) if want_bias else None
         for j0, j1, q0, r0 in plan.blocks():
             nrow = tq - q0
             s = plan.scores(q5, k5, j0, j1, q0, r0)
@@ -189,13 +190,14 @@ class _ChunkedLazy(torch.autograd.Function):
             do = do5[:, :, :, q0:]
             dv[:, :, j0:j1] += torch.matmul(a.transpose(-1, -2), do).sum(2)
             gm = torch.matmul(do, v5[:, :, :, j0:j1].transpose(-1, -2)).mul_(m)
-            dtau -= (gm * plan.inv_n[:, :, :, q0:]).sum((0, 3, 4))
+            dtau -= (gm.sum(-1, keepdim=True) * plan.inv_n[:, :, :, q0:]).sum((0, 3, 4))
             ds = gm.sub_(rowsum[:, :, :, q0:]).mul_(p)
             dq[:, :, :, q0:] += torch.matmul(ds, k5[:, :, :, j0:j1])
             dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2), q5[:, :, :, q0:]).sum(2)
-            dtmpl[:, :, r0:r0 + nrow, : j1 - j0] += ds.sum(0)
+            if want_bias:
+                dtmpl[:, :, r0:r0 + nrow, : j1 - j0] += ds.sum(0)
         dbias = None
-        if ctx.needs_input_grad[4]:
+        if want_bias:
             flat = dtmpl.view(hq, -1)
             acc = torch.zeros((hq, plan.w + 1), dtype=q.dtype, device=q.device)
             acc.index_add_(1, plan.slot, flat)
