@@ -37,7 +37,7 @@ def _run(tmp_path, tiny_dir, *extra):
     out = tmp_path / "run"
     args = ["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
             str(tiny_dir / "corpus" / "doc0.txt"), "--out", str(out), "--seq-len", "48", "--groups", "3",
-            "--window", "8", "--eval-windows", "2", "--ood-eval-windows", "1", "--checkpoint-every", "2", "--backend", "dense", *extra]
+            "--window", "8", "--eval-windows", "2", "--ood-eval-windows", "1", "--checkpoint-every", "2", *extra]
     return out, main(args)
 
 
@@ -56,7 +56,7 @@ def test_retrofit_end_to_end_and_resume(tmp_path, tiny_dir, capsys):
     # resume continues from the saved step to the new total, appending to the metrics
     rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
                "none", "--out", str(out), "--seq-len", "48", "--groups", "3", "--window", "8", "--eval-windows", "2",
-               "--steps", "5", "--resume", "--backend", "dense"])
+               "--steps", "5", "--resume"])
     assert rc == 0
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
 

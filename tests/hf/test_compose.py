@@ -155,3 +155,42 @@ def test_unsupported_architecture_names_supported_ones():
     m = tr.AutoModelForCausalLM.from_config(tr.BloomConfig(n_layer=1, hidden_size=32, n_head=2, vocab_size=50))
     with pytest.raises(ValueError, match="supports .*llama"):
         fa.compose(m, fa.FocusConfig())
+
+
+def _confident(m):
+    """Routers with large, well-separated scores: no near-ties, so 1e-6 kernel differences cannot flip a group."""
+    for r in routers(m):
+        with torch.no_grad():
+            r.proj.weight.mul_(50)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "gemma2"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_fast_path_matches_dense_hard_mask_in_model(arch, top_k):
+    m = tiny_model(arch)
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, backend="decomposed"))
+    _confident(m)
+    m.eval()
+    x = _ids(b=2, t=40)
+    mask = torch.ones_like(x)
+    mask[1, :7] = 0  # left padding in the second row
+    with torch.no_grad():
+        fast = m(x, attention_mask=mask).logits
+        fa.set_top_k(m, top_k, backend="dense")
+        dense = m(x, attention_mask=mask).logits
+    keep = mask.bool()
+    assert (fast - dense)[keep].abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_greedy_generation_fast_path_equals_dense_path(top_k):
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, backend="decomposed"))
+    _confident(m)
+    m.eval()
+    x = _ids(b=1, t=24)
+    with torch.no_grad():
+        fast = m.generate(x, max_new_tokens=16, do_sample=False, pad_token_id=0)
+        fa.set_top_k(m, top_k, backend="dense")
+        dense = m.generate(x, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(fast, dense)

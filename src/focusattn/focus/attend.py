@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.api import focus_attention
 from ..kernels.reference import focus_allowed, masked_attention
 from ..kernels.soft import soft_focus_attention
 from .config import FocusConfig
@@ -32,8 +33,6 @@ def attend(
         return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
                                     gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed)
     if allowed is None and cfg.backend != "dense":
-        from ..kernels.api import focus_attention  # the exact sparse kernels
-
         return focus_attention(q, k, v, routing.membership, cfg.window, scale=scale, softcap=softcap,
                                key_padding_mask=key_padding_mask, backend=cfg.backend)
     mask = focus_allowed(routing.membership, cfg.window, q.shape[2])[:, None]
@@ -42,3 +41,4 @@ def attend(
     if key_padding_mask is not None:
         mask = mask & key_padding_mask[:, None, None, :]
     return masked_attention(q, k, v, mask, scale=scale, softcap=softcap)
+

@@ -1,0 +1,77 @@
+"""Quick-mode kernel benchmark: schema, finiteness and that the markdown is generated from the JSON (not speed)."""
+import argparse
+import json
+import math
+
+from focusattn.bench.cli import register
+from focusattn.bench.report import render_markdown
+
+
+def test_quick_bench_via_cli_writes_json_plot_and_markdown(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="focusattn")
+    register(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "bench"
+    args = parser.parse_args(["bench", "--out", str(out), "--quick", "--lengths", "128,256", "--groups", "2", "4",
+                              "--top-k", "1", "2", "--decode-len", "256", "--threads", "1"])
+    assert args.func(args) == 0
+
+    doc = json.loads((out / "bench.json").read_text())
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporaries
+    assert doc["schema"] == "focusattn.kernel_bench/1" and doc["config"]["quick"] is True
+    assert doc["config"]["lengths"] == [128, 256] and doc["config"]["groups"] == [2, 4]
+    assert doc["env"]["threads"] == 1
+
+    rows = doc["results"]
+    assert all(r.get("error") is None for r in rows), [r["error"] for r in rows if r.get("error")]
+    for t in (128, 256):
+        backends = {(r["backend"], r["K"], r["top_k"]) for r in rows if r["T"] == t}
+        expected = {("sdpa", None, None)} | {(b, kk, tk) for b in ("decomposed", "flex")
+                                             for kk in (2, 4) for tk in (1, 2)}
+        assert expected <= backends and any(b[0] == "dense" for b in backends)
+    for r in rows:
+        assert len(r["times_s"]) == doc["config"]["repeats"]
+        assert math.isfinite(r["median_s"]) and r["median_s"] > 0
+        assert math.isfinite(r["ratio_vs_sdpa"]) and r["ratio_vs_sdpa"] > 0
+        if r["backend"] != "sdpa":
+            assert math.isfinite(r["theoretical_ratio"]) and r["theoretical_ratio"] > 0
+        if r["backend"] == "decomposed":  # the timed kernel computed the right thing
+            assert r["diff_reference"] in ("dense", "flex") and r["max_abs_diff"] <= 1e-4
+    # top-2 over 2 groups puts every token in both groups: the cost model must say "all pairs, no speedup"
+    full = [r for r in rows if r["backend"] == "decomposed" and r["K"] == 2 and r["top_k"] == 2]
+    assert all(r["theoretical_ratio"] <= 1.0 for r in full)
+
+    dec = doc["decode"]
+    assert dec["T"] == 256 and {r["backend"] for r in dec["results"]} == {"sdpa_cached", "focus_decode"}
+    assert all(math.isfinite(r["ratio_vs_sdpa"]) and r["keys_attended"] <= 256 for r in dec["results"])
+
+    md = render_markdown(doc)
+    assert md in capsys.readouterr().out  # the CLI prints the section it renders from the JSON
+    r = next(r for r in rows if r["backend"] == "decomposed" and r["T"] == 256 and r["K"] == 4 and r["top_k"] == 1)
+    assert "| 256 | 4 | 1 |" in md and f"{r['ratio_vs_sdpa']:.2f}×" in md
+    assert "bench.png" in md and doc["command"] in md
+
+
+def test_render_markdown_reads_numbers_from_json():
+    """Change a number in the JSON and the markdown follows (nothing is typed by hand)."""
+    doc = {
+        "config": {"heads": 9, "kv_heads": 3, "head_dim": 64, "batch": 1, "dtype": "float32", "window": 128,
+                   "repeats": 3, "lengths": [32768], "groups": [8], "top_ks": [1], "flex_mode": "compiled"},
+        "env": {"torch": "x", "threads": 1, "platform": "p", "time_utc": "t"},
+        "command": "focusattn bench --out runs/bench",
+        "cost_model": "cm", "memory_method": "mm",
+        "results": [
+            {"T": 32768, "backend": "sdpa", "K": None, "top_k": None, "median_s": 20.0, "ratio_vs_sdpa": 1.0,
+             "peak_mem_bytes": 2**20},
+            {"T": 32768, "backend": "decomposed", "K": 8, "top_k": 1, "median_s": 3.0, "ratio_vs_sdpa": 6.6667,
+             "theoretical_ratio": 7.3, "peak_mem_bytes": 3 * 2**20},
+        ],
+        "targets": {"k8_top1_32k_speedup_vs_sdpa": 6.6667, "k8_top1_32k_at_least_5x": True},
+    }
+    md = render_markdown(doc)
+    assert "| 32768 | 8 | 1 | 20000 | 3000 | 6.67× | 7.30× |" in md
+    assert "yes (measured 6.67×)" in md and "`focusattn bench --out runs/bench`" in md
+    doc["results"][1]["ratio_vs_sdpa"] = 4.0
+    doc["targets"] = {"k8_top1_32k_speedup_vs_sdpa": 4.0, "k8_top1_32k_at_least_5x": False}
+    md = render_markdown(doc)
+    assert "| 4.00× |" in md and "**no** (measured 4.00×)" in md

