@@ -32,8 +32,23 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/focusattn bench --out $(RUNS)/bench
 
+# The gate/routing decisions of the retrofit, measured on one budget (~15 min each here), then RESULTS.md.
+EXP_RUNS := default mult_paper mult_offset sequence
+experiments: $(STAMP)
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/default
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_paper --gate multiplicative --gate-offset 0 --eval-top-k 1,2,4,8
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_offset --gate multiplicative --gate-offset 0.5 --eval-top-k 1,2,4,8
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/sequence --routing sequence --eval-top-k 1,2,4,8
+	mkdir -p docs/results
+	for r in $(EXP_RUNS); do cp $(RUNS)/exp/$$r/summary.json docs/results/retrofit_$$r.json; done
+	$(MAKE) results
+
+# From-scratch lab: standard vs lazy vs focus, 3 seeds each.
+lab: $(STAMP)
+	$(VENV)/bin/focusattn compare --attention standard,lazy,focus --seeds 3 --out $(RUNS)/lab
+
 results: $(STAMP)
-	$(VENV)/bin/focusattn report --runs $(RUNS) --out docs/RESULTS.md
+	$(VENV)/bin/focusattn report --results docs/results --out docs/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = "focusattn " + " ".join(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     for noisy in ("transformers", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)

@@ -40,9 +40,17 @@ def _retrofit(a) -> int:
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume,
         focus=focus_from_args(a),
     )
-    summary = retrofit(cfg)
+    summary = retrofit(cfg, command=a.command_line)
     print(retrofit_table(summary))
     print(f"\nwrote {a.out}/summary.json")
+    return 0
+
+
+def _report(a) -> int:
+    from ..analysis.results import write_results
+
+    path = write_results(a.results, a.out)
+    print(f"wrote {path}")
     return 0
 
 
@@ -69,3 +77,9 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     add_focus_args(p)
     p.set_defaults(func=_retrofit)
+
+    r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
+    r.add_argument("--out", default="docs/RESULTS.md")
+    r.set_defaults(func=_report)

@@ -85,7 +85,7 @@ def _eval_suite(model, windows, top_ks, desc) -> dict:
     return res
 
 
-def retrofit(cfg: RetrofitConfig, *, progress: bool = True) -> dict:
+def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None = None) -> dict:
     """Run the whole job; writes ``metrics.jsonl``, ``checkpoint.pt``, ``adapter/`` and ``summary.json`` in ``out``."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -185,6 +185,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True) -> dict:
         after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
     groups = group_stats(model, val_w[: min(2, len(val_w))])
     summary = {
+        "command": command,
         "config": cfg.to_dict(),
         "corpus": corpus.describe(),
         "parameters": {"router": n_router, "total": n_total, "percent": 100.0 * n_router / n_total},
