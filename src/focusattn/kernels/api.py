@@ -3,8 +3,9 @@
 Contract (all backends): q ``[B, Hq, Tq, D]``, k/v ``[B, Hkv, Tk, D]``, ``Hq % Hkv == 0``, ``Tq <= Tk`` with queries
 aligned to the end of the keys. Query i (absolute position ``p = Tk - Tq + i``) attends key j iff ``j <= p`` and
 (``p - j <= window`` or the two tokens share a group) and, if given, ``key_padding_mask[b, j]``. Returns the output
-in q's dtype and, with ``return_lse``, the float32 (float64 for float64 inputs) natural-log LSE ``[B, Hq, Tq]`` (``-inf`` and a zero output for a
-query with no allowed key). Gradients flow to q, k, v (and through the LSE) for every backend.
+in q's dtype and, with ``return_lse``, the natural-log LSE ``[B, Hq, Tq]`` in float32 (float64 for float64 inputs);
+a query with no allowed key gets a zero output and LSE ``-inf``. Gradients flow to q, k, v (and through the LSE) for
+every backend, except ``"flex"`` on CPU: FlexAttention has no CPU backward, so that combination raises ValueError.
 
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
 :mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (= decomposed, logged once).

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .lse import _finite_or_zero, acc
+from .lse import finite_or_zero, acc
 
 # Gathered K/V elements per query chunk (~64 MiB fp32 for K and V together): bounds memory when Tq is large.
 GATHER_ELEMS = 1 << 23
@@ -83,7 +83,7 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
             s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~valid[:, None, None], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - _finite_or_zero(lse).unsqueeze(-1))
+        p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
         o = torch.einsum("bhgcl,bhcld->bhgcd", p, vg)
         outs.append(o.reshape(bsz, hq, c, d))
         lses.append(lse.reshape(bsz, hq, c))

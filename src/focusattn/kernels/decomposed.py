@@ -8,7 +8,7 @@ The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i``
   sub-problem is plain causal attention over the group's tokens in position order (a stable sort by group keeps
   causal order), which is what the fused kernel does best. With top-k > 1 the rule "share no lower group" is
   ``(m_i[:g] · m_j[:g]) == 0``: it counts a pair sharing two groups exactly once, and group 0 never needs a mask.
-* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group, so it is A's).
+* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's).
 
 Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups), B is ``T (w + C)`` pairs
 (query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor exists: group sub-problems are handed whole to
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import CPU_FLASH_DTYPES, cpu_flash_available, flash_attn_varlen
-from .lse import _finite_or_zero, acc, acc_dtype, mark_empty, merge_pair
+from .lse import finite_or_zero, acc, acc_dtype, mark_empty, merge_pair
 
 NEG_INF = float("-inf")
 # Score elements per chunk in the chunked paths (~16 MiB of fp32): bounds memory, big enough to amortise overhead.
@@ -44,7 +44,7 @@ BAND_BLOCK = 64
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Generic chunk kernels (any device/dtype, float32 math); q [..., H, G, M, D], k/v [..., H, N, D],
+# Generic chunk kernels (any device/dtype; float32 math, float64 for float64); q [..., H, G, M, D], k/v [..., H, N, D],
 # mask bool broadcastable to [..., H, G, M, N]; G = query heads per KV head, so GQA never copies K/V.
 # ----------------------------------------------------------------------------------------------------------------
 def _scores(q, k, scale, softcap):
@@ -62,7 +62,7 @@ def block_attn_fwd(q, k, v, mask, scale, softcap):
     s, _ = _scores(q, k, scale, softcap)
     s = s.masked_fill(~mask, NEG_INF)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - _finite_or_zero(lse).unsqueeze(-1))
+    p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
     out = torch.matmul(p.view(*lead, h, g * m, -1), acc(v)).view(*lead, h, g, m, d)
     return out, lse
 
@@ -72,7 +72,7 @@ def block_attn_bwd(q, k, v, mask, scale, softcap, do, o, lse, dlse):
     *lead, h, g, m, d = q.shape
     n = k.shape[-2]
     s, t = _scores(q, k, scale, softcap)
-    p = torch.exp(s.masked_fill(~mask, NEG_INF) - _finite_or_zero(acc(lse)).unsqueeze(-1))
+    p = torch.exp(s.masked_fill(~mask, NEG_INF) - finite_or_zero(acc(lse)).unsqueeze(-1))
     do2 = acc(do).reshape(*lead, h, g * m, d)
     dp = torch.matmul(do2, acc(v).transpose(-1, -2)).view(*lead, h, g, m, n)
     delta = (acc(do) * acc(o)).sum(-1)
@@ -165,7 +165,7 @@ def cpu_flash_bwd(do, q, k, v, o, lse, dlse, allowed, scale):
     """Fused backward against the *global* ``o``/``lse``; ``dlse`` is injected through an extra value column."""
     bop = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     d = q.shape[-1]
-    lse = _finite_or_zero(lse).contiguous()
+    lse = finite_or_zero(lse).contiguous()
     if dlse is not None:
         v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
         o = torch.cat([o, torch.zeros_like(o[..., :1])], -1)

@@ -6,7 +6,7 @@ each part yields its own normalised output ``o_p`` and log-normaliser ``l_p = lo
 the parts are disjoint, which is why the Focus decomposition attributes every allowed pair to exactly one part.
 
 Conventions: LSE in natural-log units, ``-inf`` for a query with no key in the part (its ``o_p`` is ignored).
-Everything is done in float32 (float64 for float64 inputs) so that bf16/fp16 partials do not lose the tail of the softmax.
+Everything is done in float32 (float64 for float64 inputs) so that bf16/fp16 partials keep the softmax's tail.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def acc(x: torch.Tensor) -> torch.Tensor:
     return x.to(acc_dtype(x.dtype))
 
 
-def _finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
+def finite_or_zero(lse: torch.Tensor) -> torch.Tensor:
     """Replace ``-inf`` by 0 so that ``exp(x - lse)`` is 0 (not NaN) for empty rows, where ``x`` is also ``-inf``."""
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
@@ -31,7 +31,7 @@ def merge_pair(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.T
     """Merge two disjoint partials. ``o``: ``[..., D]``, ``l``: ``[...]``. Returns ``(o, l)`` in float32 (or 64)."""
     l1, l2 = acc(l1), acc(l2)
     lse = torch.logaddexp(l1, l2)
-    ref = _finite_or_zero(lse)
+    ref = finite_or_zero(lse)
     w1 = torch.exp(l1 - ref).unsqueeze(-1)
     w2 = torch.exp(l2 - ref).unsqueeze(-1)
     # An empty part (LSE -inf) gets weight exactly 0; its output must be finite (all kernels here return zeros).

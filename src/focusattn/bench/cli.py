@@ -1,0 +1,49 @@
+"""``focusattn bench``: parse, call :func:`run_kernel_bench`, print where the results went."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def _ints(values) -> tuple[int, ...]:
+    """Accept ``--lengths 1024 4096`` and ``--lengths 1024,4096`` alike."""
+    return tuple(int(x) for v in values for x in str(v).split(",") if x)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="time Focus attention kernels against full SDPA (writes bench.json/png)")
+    p.add_argument("--out", required=True, help="output directory for bench.json and bench.png")
+    p.add_argument("--quick", action="store_true", help="tiny smoke run (seconds)")
+    p.add_argument("--lengths", nargs="+", default=None, help="sequence lengths (default 1024 ... 65536)")
+    p.add_argument("--groups", nargs="+", default=None, help="numbers of groups K (default 4 8 16)")
+    p.add_argument("--top-k", nargs="+", default=None, help="top-k memberships (default 1 2)")
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decode-len", type=int, default=32768, help="context for the decode-step timing (0 = skip)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (use 1 on a shared machine; default: torch's setting)")
+    p.add_argument("--no-flex", action="store_true", help="skip the FlexAttention comparison")
+    p.add_argument("--flex-groups", nargs="+", default=None, help="run flex only for these K (default: all)")
+    p.set_defaults(func=_handler)
+
+
+def _handler(args) -> int:
+    from .kernels import run_kernel_bench
+    from .report import render_markdown
+
+    kw = {}
+    if args.lengths:
+        kw["lengths"] = _ints(args.lengths)
+    if args.groups:
+        kw["groups"] = _ints(args.groups)
+    if args.top_k:
+        kw["top_ks"] = _ints(args.top_k)
+    if args.flex_groups:
+        kw["flex_groups"] = _ints(args.flex_groups)
+    doc = run_kernel_bench(args.out, quick=args.quick, window=args.window, repeats=args.repeats,
+                           decode_len=args.decode_len, flex=not args.no_flex, threads=args.threads,
+                           command="focusattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:]
+                           else None, **kw)
+    print(render_markdown(doc))
+    print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+    return 0

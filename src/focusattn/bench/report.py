@@ -1,0 +1,85 @@
+"""Markdown for RESULTS.md from a ``bench.json`` dict: every number is read from the JSON, none typed by hand."""
+from __future__ import annotations
+
+
+def _ms(seconds):
+    if seconds is None:
+        return "—"
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def _x(x):
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def _mib(b):
+    return "—" if b is None else f"{b / 2**20:.0f}"
+
+
+def _yes(v):
+    return "not measured" if v is None else ("yes" if v else "**no**")
+
+
+def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
+    cfg, env = doc["config"], doc["env"]
+    rows = doc["results"]
+    by = {(r["backend"], r["T"], r["K"], r["top_k"]): r for r in rows}
+    sdpa = {r["T"]: r for r in rows if r["backend"] == "sdpa"}
+    dense = {r["T"]: r for r in rows if r["backend"] == "dense"}
+    lines = [
+        "### Kernel benchmark (forward attention, CPU)",
+        "",
+        f"SmolLM2-135M attention shapes: {cfg['heads']} query heads, {cfg['kv_heads']} KV heads, "
+        f"D={cfg['head_dim']}, batch {cfg['batch']}, {cfg['dtype']}, window {cfg['window']}, random top-k routing. "
+        f"torch {env['torch']}, {env['threads']} threads, {env['platform']}, {env['time_utc']}. "
+        f"Median of {cfg['repeats']} alternating repeats; speedup = full causal SDPA time / backend time in the same "
+        f"run. Flex: {cfg.get('flex_mode')}.",
+        "",
+        f"Command: `{doc.get('command') or 'run_kernel_bench(...)'}`",
+        "",
+        "| T | K | top-k | SDPA ms | decomposed ms | speedup | theory | flex ms | flex speedup | "
+        "dense ms | mem decomposed MiB | mem SDPA MiB | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in cfg["lengths"]:
+        for kk in cfg["groups"]:
+            for tk in cfg["top_ks"]:
+                d = by.get(("decomposed", t, kk, tk))
+                if d is None:
+                    continue
+                f = by.get(("flex", t, kk, tk))
+                s = sdpa.get(t, {})
+                dn = dense.get(t)
+                diff = "—" if d.get("max_abs_diff") is None else f"{d['max_abs_diff']:.1e} ({d['diff_reference']})"
+                lines.append(
+                    f"| {t} | {kk} | {tk} | {_ms(s.get('median_s'))} | {_ms(d['median_s'])} | "
+                    f"{_x(d['ratio_vs_sdpa'])} | {_x(d.get('theoretical_ratio'))} | "
+                    f"{_ms(f['median_s']) if f else '—'} | {_x(f['ratio_vs_sdpa']) if f else '—'} | "
+                    f"{_ms(dn['median_s']) if dn else '—'} | {_mib(d.get('peak_mem_bytes'))} | "
+                    f"{_mib(s.get('peak_mem_bytes'))} | {diff} |")
+    dec = doc.get("decode")
+    if dec:
+        lines += ["", f"Decode step at T={dec['T']} (one query, cached K/V; median of {dec['repeats']}):", "",
+                  "| backend | K | top-k | keys attended | ms | speedup vs SDPA |", "|---|---|---|---|---|---|"]
+        for r in dec["results"]:
+            lines.append(f"| {r['backend']} | {r['K'] or '—'} | {r['top_k'] or '—'} | {r['keys_attended']} | "
+                         f"{r['median_s'] * 1e3:.2f} | {_x(r['ratio_vs_sdpa'])} |")
+    tg = doc.get("targets", {})
+    lines += ["", "Targets (evaluated from the JSON):", "",
+              f"- K=8 top-1 at T=32K ≥ 5× full SDPA: {_yes(tg.get('k8_top1_32k_at_least_5x'))} "
+              f"(measured {_x(tg.get('k8_top1_32k_speedup_vs_sdpa'))})",
+              f"- decomposed faster than flex at every T ≥ 4K: {_yes(tg.get('faster_than_flex_all_T_ge_4k'))}"]
+    for s in tg.get("not_faster_than_flex", []):
+        lines.append(f"  - not faster at T={s['T']} K={s['K']} top-{s['top_k']}: "
+                     f"{_ms(s['decomposed_s'])} ms vs flex {_ms(s['flex_s'])} ms")
+    exps = tg.get("memory_growth_exponent") or {}
+    if exps:
+        lines.append("- peak-memory growth exponent in T (1 = linear): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(exps.items()) if v is not None))
+    errs = [r for r in rows if r.get("error")]
+    for r in errs:
+        lines.append(f"- {r['backend']} failed at T={r['T']} K={r['K']} top-{r['top_k']}: {r['error']}")
+    lines += ["", f"Cost model: {doc['cost_model']}.", "", f"Memory: {doc['memory_method']}.", "",
+              f"![speedup vs T]({plot_link})", ""]
+    return "\n".join(lines)
