@@ -21,15 +21,13 @@ GATHER_ELEMS = 1 << 23
 
 
 def _shares_group(membership: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-    """``[B, C, Tk]`` bool: key j shares a group with the query at absolute position ``qpos[c]``."""
-    kk = membership.shape[-1]
-    if kk <= 63:
-        weights = torch.ones((), dtype=torch.int64, device=membership.device) << torch.arange(
-            kk, device=membership.device)
-        bits = (membership.long() * weights).sum(-1)  # [B, Tk]
-        return (bits[:, qpos, None] & bits[:, None, :]) != 0
-    m = membership.float()
-    return torch.matmul(m[:, qpos], m.transpose(1, 2)) > 0
+    """``[B, C, Tk]`` bool: key j shares a group with the query at absolute position ``qpos[c]``.
+
+    Few queries (decoding): a byte-wise AND over ``[B, C, Tk, K]``; many: one float matmul (BLAS) instead."""
+    mq = membership[:, qpos]  # [B, C, K]
+    if qpos.numel() * membership.shape[1] * membership.shape[2] <= 1 << 22:
+        return (membership[:, None] & mq[:, :, None]).any(-1)
+    return torch.matmul(mq.float(), membership.float().transpose(1, 2)) > 0
 
 
 def focus_key_indices(membership, window, qpos, key_padding_mask=None):
@@ -63,20 +61,19 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
     g = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     outs, lses = [], []
-    c0 = 0
-    while c0 < tq:
-        # chunk size from the longest list of the first query of the chunk (lists grow with position, so later
-        # queries may be longer; the bound is a memory heuristic, not a correctness condition)
-        probe, _ = focus_key_indices(membership, window, torch.tensor([tk - tq + c0], device=q.device),
-                                     key_padding_mask)
-        step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * probe.shape[-1] * 2))
+    # chunk size from an upper bound on any query's list (window + its groups' sizes), so memory stays bounded
+    longest = window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
+    step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * min(tk, longest) * 2))
+    kf, vf = acc(k).reshape(-1, d), acc(v).reshape(-1, d)  # rows of [B * Hkv * Tk, D]: gather = row copies
+    head_base = (torch.arange(bsz * hkv, device=q.device) * tk).view(bsz, hkv, 1)
+    for c0 in range(0, tq, step):
         c1 = min(tq, c0 + step)
         qpos = torch.arange(tk - tq + c0, tk - tq + c1, device=q.device)
         idx, valid = focus_key_indices(membership, window, qpos, key_padding_mask)  # [B, C, L]
         c, length = idx.shape[1], idx.shape[2]
-        flat = idx.reshape(bsz, 1, c * length, 1)
-        kg = acc(k).gather(2, flat.expand(bsz, hkv, c * length, d)).view(bsz, hkv, c, length, d)
-        vg = acc(v).gather(2, flat.expand(bsz, hkv, c * length, d)).view(bsz, hkv, c, length, d)
+        rows = (head_base + idx.reshape(bsz, 1, c * length)).flatten()
+        kg = kf.index_select(0, rows).view(bsz, hkv, c, length, d)
+        vg = vf.index_select(0, rows).view(bsz, hkv, c, length, d)
         qc = acc(q[:, :, c0:c1]).reshape(bsz, hkv, g, c, d)
         s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
         if softcap is not None:
@@ -87,7 +84,6 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
         o = torch.einsum("bhgcl,bhcld->bhgcd", p, vg)
         outs.append(o.reshape(bsz, hq, c, d))
         lses.append(lse.reshape(bsz, hq, c))
-        c0 = c1
     out = torch.cat(outs, 2).to(q.dtype)
     lse = torch.cat(lses, 2)
     return (out, lse) if return_lse else out
