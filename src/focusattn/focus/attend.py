@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.api import focus_attention
-from ..kernels.reference import focus_allowed, masked_attention
+from ..kernels.reference import focus_allowed, masked_attention, sink_key_mask
+from ..kernels.sink import focus_attention_with_sinks
 from ..kernels.soft import soft_focus_attention
 from .config import FocusConfig
 from .router import Routing
@@ -27,18 +27,18 @@ def attend(
     ``allowed``: the host model's own bool mask (causal/padding/sliding window) broadcastable to [B, H, Tq, Tk], or
     None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one.
     """
+    sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)
     if routing.membership is None:
         if key_padding_mask is not None and allowed is None:
             allowed = key_padding_mask[:, None, None, :]
         return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
-                                    gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed)
+                                    gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks)
     if allowed is None and cfg.backend != "dense":
-        return focus_attention(q, k, v, routing.membership, cfg.window, scale=scale, softcap=softcap,
-                               key_padding_mask=key_padding_mask, backend=cfg.backend)
-    mask = focus_allowed(routing.membership, cfg.window, q.shape[2])[:, None]
+        return focus_attention_with_sinks(q, k, v, routing.membership, cfg.window, sink=cfg.sink_tokens, scale=scale,
+                                          softcap=softcap, key_padding_mask=key_padding_mask, backend=cfg.backend)
+    mask = focus_allowed(routing.membership, cfg.window, q.shape[2], sinks)[:, None]
     if allowed is not None:
         mask = mask & allowed
     if key_padding_mask is not None:
         mask = mask & key_padding_mask[:, None, None, :]
     return masked_attention(q, k, v, mask, scale=scale, softcap=softcap)
-

@@ -21,6 +21,8 @@ class FocusConfig:
     top_k: ``None`` = soft gating; k = hard membership in the k highest-scoring groups (inference).
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
+    sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the
+        paper, whose mask is ``sink_tokens=0``; see README "Design decisions" for why and the measurement).
     """
 
     num_groups: int = 8
@@ -35,6 +37,7 @@ class FocusConfig:
     top_k: int | None = None
     offset_momentum: float = 0.9
     backend: str = "auto"
+    sink_tokens: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -64,6 +67,8 @@ class FocusConfig:
             bad("offset_momentum", "a float in [0, 1)")
         if self.backend not in BACKENDS:
             bad("backend", BACKENDS)
+        if not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
+            bad("sink_tokens", "an integer >= 0")
 
     def to_dict(self) -> dict:
         return asdict(self)

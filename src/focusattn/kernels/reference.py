@@ -27,8 +27,20 @@ def relative_distance(tq: int, tk: int, device=None) -> torch.Tensor:
     return qpos[:, None] - kpos[None, :]
 
 
-def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None) -> torch.Tensor:
-    """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or the two tokens share a group).
+def sink_key_mask(tk: int, n: int, key_padding_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
+    """Bool ``[B|1, Tk]``: the first ``n`` *real* tokens of each sequence (attention sinks), or None when ``n == 0``."""
+    if n <= 0:
+        return None
+    if key_padding_mask is None:
+        return (torch.arange(tk, device=device) < n)[None]
+    rank = key_padding_mask.long().cumsum(-1) - 1
+    return key_padding_mask & (rank < n)
+
+
+def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None,
+                  sink_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or the two tokens share a group, or key
+    ``j`` is a sink: ``sink_keys`` [B|1, Tk], see :func:`sink_key_mask`).
 
     ``membership`` is bool ``[B, Tk, K]`` over *all* keys; the queries are its last ``tq`` rows.
     """
@@ -37,7 +49,10 @@ def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None) 
     dist = relative_distance(tq, tk, membership.device)
     m = membership.float()
     shared = torch.einsum("bik,bjk->bij", m[:, tk - tq:], m) > 0
-    return (dist >= 0) & ((dist <= window) | shared)
+    ok = (dist <= window) | shared
+    if sink_keys is not None:
+        ok = ok | sink_keys[:, None, :]
+    return (dist >= 0) & ok
 
 
 def masked_attention(
@@ -78,13 +93,16 @@ def dense_focus_attention(
     scale: float | None = None,
     softcap: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    sink: int = 0,
     return_lse: bool = False,
 ):
     """Reference hard-mask Focus attention (explicit ``[B, 1, Tq, Tk]`` mask).
 
-    ``key_padding_mask``: optional bool ``[B, Tk]``, True for real tokens.
+    ``key_padding_mask``: optional bool ``[B, Tk]``, True for real tokens. ``sink``: the first ``sink`` real tokens
+    are visible to every later query (attention sinks; 0 = the paper's mask).
     """
-    allowed = focus_allowed(membership, window, q.shape[2])
+    sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
+    allowed = focus_allowed(membership, window, q.shape[2], sinks)
     if key_padding_mask is not None:
         allowed = allowed & key_padding_mask[:, None, :]
     return masked_attention(q, k, v, allowed[:, None], scale=scale, softcap=softcap, return_lse=return_lse)

@@ -33,9 +33,11 @@ def soft_focus_attention(
     scale: float | None = None,
     softcap: float | None = None,
     allowed: torch.Tensor | None = None,
+    sink_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``groups``: float ``[B, Tk, K]`` soft assignments (rows sum to 1). ``allowed``: optional bool mask broadcastable
-    to ``[B, Hq, Tq, Tk]`` (the model's causal/padding/sliding mask); causality is always enforced here too."""
+    to ``[B, Hq, Tq, Tk]`` (the model's causal/padding/sliding mask); causality is always enforced here too.
+    ``sink_keys``: bool [B|1, Tk] keys exempt from gating (see ``reference.sink_key_mask``)."""
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     hq, tq, d = q.shape[1], q.shape[2], q.shape[-1]
@@ -47,6 +49,8 @@ def soft_focus_attention(
         s = softcap * torch.tanh(s / softcap)
     dist = relative_distance(tq, tk, q.device)
     distant = dist > window  # [Tq, Tk]
+    if sink_keys is not None:  # sinks are never gated, like local pairs
+        distant = distant & ~sink_keys[:, None, None, :]
     affinity = torch.einsum("bik,bjk->bij", groups[:, tk - tq:], groups).unsqueeze(1).to(s.dtype)
     z = lam * (affinity - offset)
     if gate == "multiplicative":
