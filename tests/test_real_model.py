@@ -39,7 +39,7 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         # top-1 group in a later layer, which then legitimately changes everything downstream.)
         import sys
 
-        attend_mod = sys.modules["focusattn.focus.attend"]
+        sink_mod = sys.modules["focusattn.kernels.sink"]
         from focusattn.kernels.api import focus_attention
 
         diffs = []
@@ -50,7 +50,7 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
             diffs.append((fast - ref_out).abs().max().item())
             return fast
 
-        monkeypatch.setattr(attend_mod, "focus_attention", checked)
+        monkeypatch.setattr(sink_mod, "focus_attention", checked)
         with torch.no_grad():
             sparse = model(x).logits
         assert len(diffs) == 30 and max(diffs) <= 1e-5
