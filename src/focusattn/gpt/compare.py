@@ -173,6 +173,8 @@ def plot_compare(cj: dict, out_dir: str | Path) -> list[Path]:
     axes[0].axhline(cj["uniform_sink_mass"], color="gray", ls=":", label="uniform")
     axes[0].set(xlabel="layer", ylabel="sink mass (weight on BOS)", title="sink mass per layer")
     axes[1].set(xlabel="layer", ylabel="exact zeros (%)", title="sparsity per layer")
+    for ax in axes:
+        ax.set_xticks(list(range(len(next(iter(cj["per_layer"].values()))["sink_mass"]))))
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "attention_layers.png")
