@@ -36,7 +36,7 @@ def tiny_dir(tmp_path_factory):
 def _run(tmp_path, tiny_dir, *extra):
     out = tmp_path / "run"
     args = ["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
-            str(tiny_dir / "corpus" / "doc0.txt"), "--out", str(out), "--seq-len", "48", "--groups", "3",
+            str(tiny_dir / "corpus" / "doc0.txt"), "--out", str(out), "--seq-len", "48", "--groups", "4",
             "--window", "8", "--eval-windows", "2", "--ood-eval-windows", "1", "--checkpoint-every", "2", *extra]
     return out, main(args)
 
@@ -45,17 +45,17 @@ def test_retrofit_end_to_end_and_resume(tmp_path, tiny_dir, capsys):
     out, rc = _run(tmp_path, tiny_dir, "--steps", "3")
     assert rc == 0
     s = json.loads((out / "summary.json").read_text())
-    assert set(s["perplexity"]["after"]["domain"]) == {"soft", "top1", "top2", "top3"}
+    assert set(s["perplexity"]["after"]["domain"]) == {"soft", "top1", "top2"}
     assert s["perplexity"]["before"]["domain"] > 1 and "ood" in s["perplexity"]["after"]
-    assert s["parameters"]["router"] == 2 * (64 * 16 + 3 * 16)
-    assert len(s["groups"]) == 2 and all(1 / 3 - 1e-6 <= g["dominance"] <= 1 for g in s["groups"])
+    assert s["parameters"]["router"] == 2 * (64 * 16 + 4 * 16)
+    assert len(s["groups"]) == 2 and all(1 / 4 - 1e-6 <= g["dominance"] <= 1 for g in s["groups"])
     assert (out / "adapter" / "adapter.safetensors").exists()
     assert "trainable parameters" in capsys.readouterr().out
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
     # resume continues from the saved step to the new total, appending to the metrics
     rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--ood-data",
-               "none", "--out", str(out), "--seq-len", "48", "--groups", "3", "--window", "8", "--eval-windows", "2",
+               "none", "--out", str(out), "--seq-len", "48", "--groups", "4", "--window", "8", "--eval-windows", "2",
                "--steps", "5", "--resume"])
     assert rc == 0
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]

@@ -114,3 +114,15 @@ def test_soft_gate_gradient_reaches_groups():
     out = soft_focus_attention(q, k, v, torch.softmax(logits, -1), 3, lam=10.0, gate="log")
     out.square().sum().backward()
     assert logits.grad.abs().sum() > 0 and math.isfinite(logits.grad.sum().item())
+
+
+def test_top_k_above_half_keeps_every_pair():
+    """Why evaluation stops at K/2: two k-subsets of K groups always intersect when 2k > K."""
+    from focusattn.kernels import focus_allowed
+
+    K = 8
+    scores = torch.randn(1, 200, K)
+    for k in range(1, K + 1):
+        member = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.topk(k, -1).indices, True)
+        full = bool(focus_allowed(member, 0)[0].eq(torch.ones(200, 200, dtype=torch.bool).tril()).all())
+        assert full == (2 * k > K)

@@ -13,7 +13,7 @@ def retrofit_table(s: dict) -> str:
     lines = [
         f"model `{cfg['model']}`, data `{cfg['data']}`, {cfg['steps']} steps x {cfg['batch_size'] * cfg['grad_accum']}"
         f" x {cfg['seq_len']} tokens; K={f['num_groups']}, d_g={f['group_dim']}, w={f['window']}, gate={f['gate']}"
-        f" (lam={f['lam']}, offset={f['gate_offset']}), routing={f['routing']}",
+        f" (lam={f['lam']}, offset={f['gate_offset']}), routing={f['routing']}, sink tokens={f.get('sink_tokens', 0)}",
         "",
         f"trainable parameters: {par['router']:,} ({par['percent']:.3f}% of {par['total']:,})",
         "",
@@ -28,6 +28,8 @@ def retrofit_table(s: dict) -> str:
         row = [split + (" (" + cfg["ood_data"] + ")" if split == "ood" else " (" + cfg["data"] + ")"),
                _f(ppl["before"].get(split)), _f(a["soft"])] + [_f(v) for k, v in a.items() if k != "soft"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"top-k > {f['num_groups'] // 2} needs no column: any two tokens then share a group (two k-subsets "
+              f"of {f['num_groups']} groups intersect when 2k > {f['num_groups']}), so it equals the model before."]
     g = s["groups"]
     lines += ["", "per-layer group dominance (share of tokens in the largest group; balanced = "
               f"{1 / f['num_groups']:.3f}) and mean assignment confidence:", "",

@@ -37,7 +37,7 @@ class FocusConfig:
     top_k: int | None = None
     offset_momentum: float = 0.9
     backend: str = "auto"
-    sink_tokens: int = 0
+    sink_tokens: int = 1
 
     def __post_init__(self):
         def bad(name, allowed):

@@ -20,12 +20,14 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gate-offset", type=float, default=d.gate_offset)
     g.add_argument("--routing", choices=ROUTINGS, default=d.routing)
     g.add_argument("--backend", choices=BACKENDS, default=d.backend, help="kernel for hard top-k")
+    g.add_argument("--sink-tokens", type=int, default=d.sink_tokens,
+                   help="first n tokens always visible (attention sinks); 0 = the paper's mask")
 
 
 def focus_from_args(a) -> FocusConfig:
     return FocusConfig(num_groups=a.groups, group_dim=a.group_dim, window=a.window, tau=a.tau,
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
-                       routing=a.routing, backend=a.backend)
+                       routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens)
 
 
 def _retrofit(a) -> int:
@@ -71,7 +73,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="validation windows of --seq-len")
     p.add_argument("--ood-eval-windows", type=int, default=d.ood_eval_windows)
-    p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K)")
+    p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K/2: above K/2 every pair shares a group)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing for long sequences")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

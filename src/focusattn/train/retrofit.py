@@ -45,7 +45,7 @@ class RetrofitConfig:
     seed: int = 0
     eval_windows: int = 8
     ood_eval_windows: int = 8
-    eval_top_ks: tuple[int, ...] | None = None  # None = 1..K
+    eval_top_ks: tuple[int, ...] | None = None  # None = 1..K/2 (for k > K/2 any two k-subsets of K groups intersect)
     checkpoint_every: int = 25
     grad_checkpointing: bool = False
     resume: bool = False
@@ -105,7 +105,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         ood = load_corpus(cfg.ood_data)
         _, ood_val = tokenize(ood, tok, tokenizer_id=cfg.model)
         ood_w = eval_windows(ood_val, cfg.seq_len, cfg.ood_eval_windows)
-    top_ks = list(cfg.eval_top_ks or range(1, cfg.focus.num_groups + 1))
+    top_ks = list(cfg.eval_top_ks or range(1, max(1, cfg.focus.num_groups // 2) + 1))
     log.info("%s | %d train / %d val tokens", corpus.describe(), len(train_ids), len(val_ids))
 
     ckpt_path = out / "checkpoint.pt"
