@@ -32,13 +32,14 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/focusattn bench --out $(RUNS)/bench
 
-# The gate/routing decisions of the retrofit, measured on one budget (~15 min each here), then RESULTS.md.
-EXP_RUNS := default mult_paper mult_offset sequence
+# The retrofit's open decisions, measured on one budget (the demo's), then RESULTS.md. ~15 min per run here.
+EXP_RUNS := default paper_mask mult_paper mult_offset sequence
 experiments: $(STAMP)
 	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/default
-	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_paper --gate multiplicative --gate-offset 0 --eval-top-k 1,2,4,8
-	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_offset --gate multiplicative --gate-offset 0.5 --eval-top-k 1,2,4,8
-	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/sequence --routing sequence --eval-top-k 1,2,4,8
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/paper_mask --sink-tokens 0
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_paper --gate multiplicative --gate-offset 0
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/mult_offset --gate multiplicative --gate-offset 0.5
+	$(VENV)/bin/focusattn retrofit --out $(RUNS)/exp/sequence --routing sequence
 	mkdir -p docs/results
 	for r in $(EXP_RUNS); do cp $(RUNS)/exp/$$r/summary.json docs/results/retrofit_$$r.json; done
 	$(MAKE) results
