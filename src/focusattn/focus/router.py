@@ -20,6 +20,13 @@ class Routing:
     membership: torch.Tensor | None
 
 
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass: activation checkpointing then *re-runs* this forward, which must
+    reproduce the original computation and must not update the offsets a second time."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
 class FocusRouter(nn.Module):
     """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer.
 
@@ -39,6 +46,7 @@ class FocusRouter(nn.Module):
         # during generation (causal routing makes a cached token's membership final).
         self.pending_hidden: torch.Tensor | None = None
         self.cache: Routing | None = None
+        self.pending_offsets: torch.Tensor | None = None  # last training batch's potentials, not yet in the EMA
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
@@ -50,16 +58,17 @@ class FocusRouter(nn.Module):
         if cfg.routing == "sequence":
             b = sinkhorn_potentials(logits, cfg.sinkhorn_iters, mask)  # differentiable, sees the whole sequence
         else:
-            b = self.offsets.clone()  # assign with the offsets learned *before* this batch
+            batch_b = None
             if self.training:
                 with torch.no_grad():
                     batch_b = sinkhorn_potentials(logits.detach(), cfg.sinkhorn_iters, mask).mean(0)
-                    if not bool(self.offsets_ready):  # very first batch: nothing learned yet
-                        self.offsets.copy_(batch_b)
-                        self.offsets_ready.fill_(True)
-                        b = batch_b
-                    else:
-                        self.offsets.mul_(cfg.offset_momentum).add_((1 - cfg.offset_momentum) * batch_b)
+                if not _in_backward():
+                    # Apply the previous batch's statistics now, not during this step: activation checkpointing
+                    # re-runs this forward inside backward, and it must see exactly the offsets used here.
+                    self.flush_offsets()
+                    self.pending_offsets = batch_b
+            # assign with offsets learned from *earlier* batches (the very first batch has none: use its own)
+            b = self.offsets if bool(self.offsets_ready) or batch_b is None else batch_b
             b = b.to(logits.dtype).expand(logits.shape[0], -1)
         groups = torch.softmax(logits + b[:, None, :], dim=-1)
         membership = None
@@ -67,6 +76,23 @@ class FocusRouter(nn.Module):
             idx = groups.topk(cfg.top_k, dim=-1).indices
             membership = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, idx, True)
         return Routing(groups, membership)
+
+    @torch.no_grad()
+    def flush_offsets(self) -> None:
+        """Fold the last training batch's Sinkhorn potentials into the EMA offsets (idempotent)."""
+        b, self.pending_offsets = self.pending_offsets, None
+        if b is None:
+            return
+        if not bool(self.offsets_ready):
+            self.offsets.copy_(b)
+            self.offsets_ready.fill_(True)
+        else:
+            self.offsets.mul_(self.cfg.offset_momentum).add_((1 - self.cfg.offset_momentum) * b)
+
+    def train(self, mode: bool = True):
+        if not mode:
+            self.flush_offsets()  # evaluation uses everything learned so far
+        return super().train(mode)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

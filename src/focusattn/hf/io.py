@@ -26,6 +26,7 @@ def _base_id(model) -> str:
 def adapter_state(model) -> dict[str, torch.Tensor]:
     out = {}
     for i, r in enumerate(routers(model)):
+        r.flush_offsets()  # saved state includes the last training batch
         for name, t in list(r.named_parameters()) + list(r.named_buffers()):
             out[f"layers.{i}.{name}"] = t.detach().cpu().contiguous()
     return out

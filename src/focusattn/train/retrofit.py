@@ -72,6 +72,19 @@ class RetrofitConfig:
         return d
 
 
+def _checkpointing(model, on: bool) -> None:
+    """Activation checkpointing through transformers' public switch (renamed in 5.x; both spellings supported)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def _max_positions(model) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
@@ -140,7 +153,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     # needs the decoder blocks in train mode, so then only dropout modules are kept in eval.
     model.eval()
     if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpointing(model, True)
         model.train()
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
@@ -176,7 +189,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
             save_checkpoint(ckpt_path, step=step + 1, trainable=adapter_state(model), optimizer=opt,
                             extra={"before": before})
     if cfg.grad_checkpointing:
-        model.gradient_checkpointing_disable()
+        _checkpointing(model, False)
     model.eval()
 
     adapter_dir = save_adapter(model, out / "adapter")
