@@ -29,8 +29,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""
 
+# Kernel speed (~11 min on 2 cores; add --lengths ... 65536 where time allows) and the Lazy kernel (~2 min).
 bench: $(STAMP)
-	$(VENV)/bin/focusattn bench --out $(RUNS)/bench
+	$(VENV)/bin/focusattn bench --out $(RUNS)/bench --lengths 1024 4096 16384 32768 --repeats 2 --flex-groups 8 --threads 1
 
 # The retrofit's open decisions, measured on one budget (the demo's), then RESULTS.md. ~15 min per run here.
 EXP_RUNS := default paper_mask mult_paper mult_offset sequence

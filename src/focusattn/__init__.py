@@ -16,6 +16,8 @@ _EXPORTS = {
     "load_adapter": "focusattn.hf",
     "load_model": "focusattn.hf",
     "soft_focus_attention": "focusattn.kernels",
+    "focus_attention": "focusattn.kernels",
+    "focus_attention_with_sinks": "focusattn.kernels",
     "dense_focus_attention": "focusattn.kernels",
 }
 

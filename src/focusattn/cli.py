@@ -9,6 +9,7 @@ import sys
 # Subcommand modules: each exposes ``register(subparsers)`` and sets ``func`` (args -> exit code) on its parser.
 COMMANDS = [
     "focusattn.train.cli",
+    "focusattn.bench.cli",
 ]
 
 
