@@ -56,6 +56,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "Perplexity on held-out Shakespeare works (domain) and on Lee news articles (OOD); `soft` = the "
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
     sections = [
+        ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", "focusattn.eval.sinks",
+         "render_markdown"),
         ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown"),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.lazy.bench", "render_markdown"),
         ("compare.json", "## From-scratch lab: attention mechanisms compared", "focusattn.gpt.compare",

@@ -85,3 +85,27 @@ def register(sub) -> None:
     r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
     r.add_argument("--out", default="docs/RESULTS.md")
     r.set_defaults(func=_report)
+    register_sinks(sub)
+
+
+def _sinks(a) -> int:
+    from ..eval.sinks import render_markdown, run_sink_probe
+
+    res = run_sink_probe(a.model, a.data, a.out, seq_len=a.seq_len, windows=a.windows, window=a.window,
+                         groups=a.groups, sink=a.sink_tokens, command=a.command_line)
+    print(render_markdown(res))
+    return 0
+
+
+def register_sinks(sub) -> None:
+    p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data", default="shakespeare")
+    p.add_argument("--out", default="runs/sinks")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--windows", type=int, default=4)
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--sink-tokens", type=int, default=1)
+    p.set_defaults(func=_sinks)
