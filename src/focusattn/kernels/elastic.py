@@ -227,6 +227,10 @@ def lazy_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if impl == "reference":
         return _reference(q, k, v, tau, bias, scale, bias_beyond)
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # The chunked path keeps a running log-sum-exp and thresholds p - tau/n, both too coarse in 16 bits.
+        f = lambda t: t.float()  # noqa: E731
+        return _ChunkedLazy.apply(f(q), f(k), f(v), f(tau), f(bias), scale, block, bias_beyond).to(q.dtype)
     return _ChunkedLazy.apply(q, k, v, tau, bias, scale, block, bias_beyond)
 
 
