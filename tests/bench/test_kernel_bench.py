@@ -42,8 +42,10 @@ def test_quick_bench_via_cli_writes_json_plot_and_markdown(tmp_path, capsys):
     assert all(r["theoretical_ratio"] <= 1.0 for r in full)
 
     dec = doc["decode"]
-    assert dec["T"] == 256 and {r["backend"] for r in dec["results"]} == {"sdpa_cached", "focus_decode"}
+    assert dec["T"] == 256 and {r["backend"] for r in dec["results"]} == {"sdpa_cached", "focus_decode",
+                                                                          "focus_decode_indexed"}
     assert all(math.isfinite(r["ratio_vs_sdpa"]) and r["keys_attended"] <= 256 for r in dec["results"])
+    assert all(r["max_abs_diff_vs_scan"] <= 1e-5 for r in dec["results"] if r["backend"] == "focus_decode_indexed")
 
     md = render_markdown(doc)
     assert md in capsys.readouterr().out  # the CLI prints the section it renders from the JSON
@@ -75,3 +77,37 @@ def test_render_markdown_reads_numbers_from_json():
     doc["targets"] = {"k8_top1_32k_speedup_vs_sdpa": 4.0, "k8_top1_32k_at_least_5x": False}
     md = render_markdown(doc)
     assert "| 4.00× |" in md and "**no** (measured 4.00×)" in md
+
+
+def test_decode_only_merges_into_existing_json(tmp_path, capsys):
+    """--decode-only replaces the decode section and keeps the prefill results (and shows both in the markdown)."""
+    parser = argparse.ArgumentParser(prog="focusattn")
+    register(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "bench"
+    out.mkdir()
+    prefill = {"schema": "focusattn.kernel_bench/1", "command": "focusattn bench --out x",
+               "config": {"heads": 9, "kv_heads": 3, "head_dim": 64, "batch": 1, "dtype": "float32", "window": 128,
+                          "repeats": 3, "lengths": [32768], "groups": [8], "top_ks": [1], "flex_mode": "compiled"},
+               "env": {"torch": "x", "threads": 1, "platform": "p", "time_utc": "t"}, "cost_model": "cm",
+               "memory_method": "mm",
+               "results": [{"T": 32768, "backend": "sdpa", "K": None, "top_k": None, "median_s": 20.0,
+                            "ratio_vs_sdpa": 1.0, "peak_mem_bytes": 2**20},
+                           {"T": 32768, "backend": "decomposed", "K": 8, "top_k": 1, "median_s": 3.0,
+                            "ratio_vs_sdpa": 6.6667, "theoretical_ratio": 7.3, "peak_mem_bytes": 3 * 2**20}],
+               "decode": None}
+    (out / "bench.json").write_text(json.dumps(prefill))
+    args = parser.parse_args(["bench", "--out", str(out), "--decode-only", "--decode-len", "300", "--groups", "4",
+                              "--top-k", "1", "2", "--decode-repeats", "2", "--threads", "1"])
+    assert args.func(args) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["results"] == prefill["results"] and doc["command"] == prefill["command"]
+    assert doc["targets"]["k8_top1_32k_at_least_5x"] is True
+    dec = doc["decode"]
+    assert dec["T"] == 300 and len(dec["results"]) in (5, 10) and dec["command"].startswith("focusattn ")
+    md = render_markdown(doc)
+    assert md in capsys.readouterr().out
+    assert "| 32768 | 8 | 1 | 20000 | 3000 | 6.67× |" in md
+    r = next(r for r in dec["results"] if r["backend"] == "focus_decode_indexed" and r["top_k"] == 2)
+    assert (f"| {r['malloc']} | focus_decode_indexed | 4 | 2 | {r['keys_attended']} | {r['median_s'] * 1e3:.2f} | "
+             f"{r['ratio_vs_sdpa']:.2f}× | {r['cpu_median_s'] * 1e3:.2f} |") in md
+    assert dec["command"] in md

@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-len", type=int, default=32768, help="context for the decode-step timing (0 = skip)")
+    p.add_argument("--decode-repeats", type=int, default=20, help="alternating repeats of the decode-step timing")
+    p.add_argument("--decode-only", action="store_true",
+                   help="time only the decode step and merge it into an existing --out/bench.json (prefill kept)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (use 1 on a shared machine; default: torch's setting)")
     p.add_argument("--no-flex", action="store_true", help="skip the FlexAttention comparison")
@@ -28,22 +31,28 @@ def register(subparsers) -> None:
 
 
 def _handler(args) -> int:
-    from .kernels import run_kernel_bench
+    from .kernels import run_decode_bench, run_kernel_bench
     from .report import render_markdown
 
+    command = "focusattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
     kw = {}
-    if args.lengths:
-        kw["lengths"] = _ints(args.lengths)
     if args.groups:
         kw["groups"] = _ints(args.groups)
     if args.top_k:
         kw["top_ks"] = _ints(args.top_k)
+    if args.decode_only:
+        doc = run_decode_bench(args.out, window=args.window, decode_len=args.decode_len,
+                               decode_repeats=args.decode_repeats, threads=args.threads, command=command, **kw)
+        print(render_markdown(doc))
+        print(f"merged the decode timing into {args.out}/bench.json")
+        return 0
+    if args.lengths:
+        kw["lengths"] = _ints(args.lengths)
     if args.flex_groups:
         kw["flex_groups"] = _ints(args.flex_groups)
     doc = run_kernel_bench(args.out, quick=args.quick, window=args.window, repeats=args.repeats,
-                           decode_len=args.decode_len, flex=not args.no_flex, threads=args.threads,
-                           command="focusattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:]
-                           else None, **kw)
+                           decode_len=args.decode_len, decode_repeats=args.decode_repeats, flex=not args.no_flex,
+                           threads=args.threads, command=command, **kw)
     print(render_markdown(doc))
     print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import math
 import os
 import platform
@@ -265,34 +266,128 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
     return doc
 
 
+# glibc allocator regimes for the decode step, whose cost is small enough that page faults on its temporaries
+# matter: "heap" = mmap threshold 32 MiB, trim threshold 64 MiB (glibc's dynamic maximum, where a long-running
+# process ends up: freed temporaries are reused), "mmap" = 128 KiB (as pinned by the memory probe of the prefill
+# run: every temporary of >= 128 KiB is fresh zeroed pages). Left to glibc's dynamic threshold, the result depends
+# on what ran before (measured: the scan path's step went from ~3 to ~12 ms with the order of the other kernels).
+MALLOC_REGIMES = (("heap", 32 << 20), ("mmap", 128 << 10))
+
+
+def _set_mmap_threshold(nbytes: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    gc.collect()
+    libc.malloc_trim(0)
+    # M_MMAP_THRESHOLD, and M_TRIM_THRESHOLD at twice it (glibc's own rule when it adjusts the threshold itself:
+    # else freeing a large temporary at the heap top would return its pages, and the next call would fault them in)
+    return bool(libc.mallopt(-3, int(nbytes))) and bool(libc.mallopt(-1, 2 * int(nbytes)))
+
+
 def _decode_bench(t, configs, window, heads, kv_heads, head_dim, repeats, seed, focus_decode_attention):
-    """One decode step at context ``t``: cached full attention (SDPA, 1 query vs t keys) vs Focus decode."""
+    """One decode step at context ``t``: cached full attention (SDPA, 1 query vs t keys) vs Focus decode, both
+    ways of finding the query's keys: scanning all ``t`` keys' membership (``focus_decode``), and a
+    :class:`GroupIndex` (``focus_decode_indexed``). The indexed step is timed as a generation loop runs it: append
+    the new token's membership to an index of ``t - 1`` tokens, then attend; the index is cropped back untimed.
+    Run once per allocator regime (:data:`MALLOC_REGIMES`), each with its own SDPA baseline. Besides wall time,
+    the thread's CPU time is recorded: on a box shared with other jobs a step of a few ms is often preempted for a
+    scheduler slice, which the wall-clock median then partly reflects, while CPU time does not."""
+    from ..kernels.group_index import GroupIndex
+
     gen = torch.Generator().manual_seed(seed + 7)
     q = torch.randn(1, heads, 1, head_dim, generator=gen)
     k = torch.randn(1, kv_heads, t, head_dim, generator=gen)
     v = torch.randn(1, kv_heads, t, head_dim, generator=gen)
     fns = {("sdpa_cached", None, None): lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
-    keys = {}
+    resets, keys, meta = {}, {}, {}
     for kk, tk in configs:
         memb = random_membership(t, kk, tk, seed + 1000 * kk + tk)
         shared = (memb[0] & memb[0, -1]).any(-1)
         shared[-window - 1:] = True
-        keys[("focus_decode", kk, tk)] = int(shared.sum())
+        keys[("focus_decode", kk, tk)] = keys[("focus_decode_indexed", kk, tk)] = int(shared.sum())
         fns[("focus_decode", kk, tk)] = (lambda m=memb: focus_decode_attention(q, k, v, m, window))
-    times = {key: [] for key in fns}
-    with torch.no_grad():
-        for fn in fns.values():
-            fn()
-        for _ in range(repeats):
-            for key, fn in fns.items():
-                times[key].append(_timed(fn)[1])
-    base = statistics.median(times[("sdpa_cached", None, None)])
+        t0 = time.perf_counter()
+        index = GroupIndex(memb[:, :-1])
+        meta[("focus_decode_indexed", kk, tk)] = {"index_build_s": time.perf_counter() - t0}
+        fns[("focus_decode_indexed", kk, tk)] = (lambda m=memb, ix=index: focus_decode_attention(
+            q, k, v, m, window, group_index=ix.append(m[:, -1:])))
+        resets[("focus_decode_indexed", kk, tk)] = (lambda ix=index: ix.crop(t - 1))
     out = []
-    for key, ts in times.items():
-        med = statistics.median(ts)
-        out.append({"backend": key[0], "K": key[1], "top_k": key[2], "median_s": med, "times_s": ts,
-                    "ratio_vs_sdpa": base / med, "keys_attended": keys.get(key, t)})
-    return {"T": t, "window": window, "repeats": repeats, "results": out}
+    with torch.no_grad():
+        first = {}
+        for key, fn in fns.items():
+            first[key] = fn()
+            if key in resets:
+                resets[key]()
+        for regime, threshold in MALLOC_REGIMES:
+            if not _set_mmap_threshold(threshold):
+                regime = "default"
+            times = {key: [] for key in fns}
+            for key, fn in fns.items():  # one untimed call per function in this regime
+                fn()
+                if key in resets:
+                    resets[key]()
+            cpu = {key: [] for key in fns}
+            for _ in range(repeats):
+                for key, fn in fns.items():
+                    c0 = time.thread_time()
+                    times[key].append(_timed(fn)[1])
+                    cpu[key].append(time.thread_time() - c0)
+                    if key in resets:
+                        resets[key]()
+            base = statistics.median(times[("sdpa_cached", None, None)])
+            cpu_base = statistics.median(cpu[("sdpa_cached", None, None)])
+            for key, ts in times.items():
+                med, cpu_med = statistics.median(ts), statistics.median(cpu[key])
+                rec = {"backend": key[0], "K": key[1], "top_k": key[2], "malloc": regime, "median_s": med,
+                       "times_s": ts, "ratio_vs_sdpa": base / med, "cpu_median_s": cpu_med, "cpu_times_s": cpu[key],
+                       "cpu_ratio_vs_sdpa": cpu_base / cpu_med, "keys_attended": keys.get(key, t)}
+                rec.update(meta.get(key, {}))
+                if key[0] == "focus_decode_indexed":  # same answer as the scan path
+                    rec["max_abs_diff_vs_scan"] = float(
+                        (first[key] - first[("focus_decode", key[1], key[2])]).abs().max())
+                out.append(rec)
+            if regime == "default":
+                break
+    return {"T": t, "window": window, "repeats": repeats, "threads": torch.get_num_threads(),
+            "malloc_regimes": {name: nbytes for name, nbytes in MALLOC_REGIMES},
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": out}
+
+
+def run_decode_bench(out_dir, *, groups=(4, 8, 16), top_ks=(1, 2), window=128, heads=9, kv_heads=3, head_dim=64,
+                     decode_len=32768, decode_repeats=20, seed=0, threads=None, command=None) -> dict:
+    """Only the decode-step timing, merged into ``out_dir/bench.json`` (its prefill results and plot are kept, so
+    a decode change does not need the hour-long prefill run again); returns the merged JSON dict."""
+    from ..kernels.decode import focus_decode_attention
+
+    configs = [(int(kk), int(tk)) for kk in groups for tk in top_ks if tk <= kk]
+    if not configs or decode_len < 1:
+        raise ValueError("decode-only needs decode_len >= 1 and one (groups, top_k) pair with top_k <= groups")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    out_dir = Path(out_dir)
+    path = out_dir / "bench.json"
+    doc = json.loads(path.read_text()) if path.exists() else None
+    if doc is None or doc.get("schema") != SCHEMA:
+        doc = {"schema": SCHEMA, "command": None, "config": {
+                   "lengths": [], "groups": sorted({c[0] for c in configs}), "top_ks": sorted({c[1] for c in configs}),
+                   "window": window, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "batch": 1,
+                   "dtype": "float32", "repeats": 0, "seed": seed},
+               "env": {"torch": torch.__version__, "python": platform.python_version(),
+                       "platform": platform.platform(), "threads": torch.get_num_threads(),
+                       "cpu_count": os.cpu_count(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+               "cost_model": COST_MODEL, "memory_method": MEMORY_METHOD, "results": []}
+    dec = _decode_bench(decode_len, configs, window, heads, kv_heads, head_dim, decode_repeats, seed,
+                        focus_decode_attention)
+    dec["command"] = command
+    doc["decode"] = dec
+    doc["targets"] = evaluate_targets(doc)
+    write_json(out_dir / "bench.json", doc)
+    return doc
 
 
 # ------------------------------------------------------------------------------------------------ targets

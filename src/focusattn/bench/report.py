@@ -38,10 +38,11 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
         "",
         f"Command: `{doc.get('command') or 'run_kernel_bench(...)'}`",
         "",
-        "| T | K | top-k | SDPA ms | decomposed ms | speedup | theory | flex ms | flex speedup | "
-        "dense ms | mem decomposed MiB | mem SDPA MiB | max abs diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if rows:
+        lines += ["| T | K | top-k | SDPA ms | decomposed ms | speedup | theory | flex ms | flex speedup | "
+                  "dense ms | mem decomposed MiB | mem SDPA MiB | max abs diff |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in cfg["lengths"]:
         for kk in cfg["groups"]:
             for tk in cfg["top_ks"]:
@@ -60,11 +61,25 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
                     f"{_mib(s.get('peak_mem_bytes'))} | {diff} |")
     dec = doc.get("decode")
     if dec:
-        lines += ["", f"Decode step at T={dec['T']} (one query, cached K/V; median of {dec['repeats']}):", "",
-                  "| backend | K | top-k | keys attended | ms | speedup vs SDPA |", "|---|---|---|---|---|---|"]
+        when = "".join(f", {k} {dec[v]}" for k, v in (("threads", "threads"), ("at", "time_utc")) if dec.get(v))
+        lines += ["", f"Decode step at T={dec['T']} (one query, cached K/V, window {dec['window']}; median of "
+                      f"{dec['repeats']} alternating repeats{when}). `focus_decode` finds the query's keys by "
+                      "scanning all T keys' membership; `focus_decode_indexed` reads them from a `GroupIndex` "
+                      "(timed step = append the new token + attend). `malloc`: glibc mmap threshold during the timing, "
+                      "`heap` = 32 MiB (temporaries reused, the steady state of a long-running process), `mmap` = "
+                      "128 KiB (every temporary >= 128 KiB is fresh zeroed pages, as in the prefill run). CPU ms = the "
+                      "thread's CPU time, unaffected by preemption on a shared machine:", ""]
+        if dec.get("command"):
+            lines += [f"Command: `{dec['command']}`", ""]
+        lines += ["| malloc | backend | K | top-k | keys attended | wall ms | speedup vs SDPA | CPU ms | "
+                  "CPU speedup | max abs diff vs scan |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in dec["results"]:
-            lines.append(f"| {r['backend']} | {r['K'] or '—'} | {r['top_k'] or '—'} | {r['keys_attended']} | "
-                         f"{r['median_s'] * 1e3:.2f} | {_x(r['ratio_vs_sdpa'])} |")
+            diff = r.get("max_abs_diff_vs_scan")
+            cpu = r.get("cpu_median_s")
+            lines.append(f"| {r.get('malloc', '—')} | {r['backend']} | {r['K'] or '—'} | {r['top_k'] or '—'} | "
+                         f"{r['keys_attended']} | {r['median_s'] * 1e3:.2f} | {_x(r['ratio_vs_sdpa'])} | "
+                         f"{'—' if cpu is None else f'{cpu * 1e3:.2f}'} | {_x(r.get('cpu_ratio_vs_sdpa'))} | "
+                         f"{'—' if diff is None else f'{diff:.1e}'} |")
     tg = doc.get("targets", {})
     lines += ["", "Targets (evaluated from the JSON):", "",
               f"- K=8 top-1 at T=32K ≥ 5× full SDPA: {_yes(tg.get('k8_top1_32k_at_least_5x'))} "

@@ -7,12 +7,13 @@ from .backends import BACKENDS
 from .decode import focus_decode_attention, focus_key_indices
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention, focus_block_mask, focus_mask_mod
+from .group_index import GroupIndex
 from .lse import merge_pair, merge_partials
 from .reference import dense_focus_attention, focus_allowed, masked_attention, sink_key_mask
 from .sink import focus_attention_with_sinks
 from .soft import soft_focus_attention
 
-__all__ = ["BACKENDS", "decomposed_focus_attention", "dense_focus_attention", "flex_focus_attention",
+__all__ = ["BACKENDS", "GroupIndex", "decomposed_focus_attention", "dense_focus_attention", "flex_focus_attention",
            "focus_allowed", "focus_attention", "focus_attention_with_sinks", "focus_block_mask",
            "focus_decode_attention", "focus_key_indices", "focus_mask_mod", "masked_attention", "merge_pair",
            "merge_partials", "sink_key_mask", "soft_focus_attention", "validate_focus_inputs"]

@@ -9,6 +9,10 @@ every backend, except ``"flex"`` on CPU: FlexAttention has no CPU backward, so t
 
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
 :mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (= decomposed, logged once).
+
+``group_index`` (a :class:`.group_index.GroupIndex` over the same ``Tk`` tokens) lets the decode path
+(decomposed/auto with ``Tq < Tk``) read each query's keys from per-group lists instead of scanning ``membership``;
+the result is the same. Other paths validate it and ignore it.
 """
 from __future__ import annotations
 
@@ -18,12 +22,17 @@ from .backends import check_backend
 from .decode import focus_decode_attention
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
+from .group_index import GroupIndex
 from .lse import acc
 from .reference import dense_focus_attention
 
 
-def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None) -> None:
-    """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently)."""
+def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
+                          group_index=None) -> None:
+    """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently).
+
+    With ``group_index`` only the queries' membership rows are checked here (the index checked each earlier row
+    when it was added), so validation stays ``O(Tq K)`` per decode step."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor [B, H, T, D], got "
@@ -46,7 +55,9 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
     if membership.dim() != 3 or membership.shape[:2] != (k.shape[0], k.shape[2]) or membership.shape[2] < 1:
         raise ValueError(f"membership must have shape [B, Tk, K] = [{k.shape[0]}, {k.shape[2]}, K>=1], "
                          f"got {tuple(membership.shape)}")
-    if not bool(membership.any(-1).all()):
+    if group_index is not None:
+        _validate_group_index(group_index, membership, q.shape[2])
+    if not bool((membership if group_index is None else membership[:, k.shape[2] - q.shape[2]:]).any(-1).all()):
         raise ValueError("membership: every token must belong to at least one group")
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
@@ -65,11 +76,29 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
 
 
+def _validate_group_index(group_index, membership, tq: int) -> None:
+    """Length, batch, groups and device must match, and so must the queries' rows (an ``O(Tq K)`` check that
+    catches an index that was not appended to this step, or belongs to another layer)."""
+    if not isinstance(group_index, GroupIndex):
+        raise ValueError(f"group_index must be a GroupIndex or None, got {type(group_index).__name__}")
+    b, tk, kk = membership.shape
+    if len(group_index) != tk:
+        raise ValueError(f"group_index holds {len(group_index)} tokens but the keys have Tk={tk}: append each "
+                         "step's membership to the index before attending")
+    if tuple(group_index.counts.shape) != (b, kk):
+        raise ValueError(f"group_index has [B, K] = {list(group_index.counts.shape)} but membership has [{b}, {kk}]")
+    if group_index.device != membership.device:
+        raise ValueError(f"group_index is on {group_index.device} but membership is on {membership.device}")
+    if not torch.equal(group_index.membership[:, tk - tq:], membership[:, tk - tq:]):
+        raise ValueError("group_index: its membership of the query tokens differs from membership's (stale index, "
+                         "or one from another layer)")
+
+
 def focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None, backend="auto",
-                    return_lse=False):
+                    return_lse=False, group_index=None):
     """Hard-mask Focus attention (see module docstring for the contract)."""
     validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                          key_padding_mask=key_padding_mask)
+                          key_padding_mask=key_padding_mask, group_index=group_index)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     backend = check_backend(backend, q, needs_grad)
     kw = dict(scale=scale, softcap=softcap, key_padding_mask=key_padding_mask)
@@ -80,7 +109,7 @@ def focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, ke
         res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse, **kw)
         res = res if return_lse else (res, None)
     elif q.shape[2] < k.shape[2]:
-        res = focus_decode_attention(q, k, v, membership, window, return_lse=True, **kw)
+        res = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index, **kw)
     else:
         res = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
     return res if return_lse else res[0]

@@ -6,6 +6,9 @@ membership (a ``[Tq, Tk]`` boolean "shares a group" test costing ``O(Tk * K)`` b
 ``D``-sized work), gather just those K/V rows and attend to them. The attention work per query is therefore
 ``O((w + Tk k / K) * H * D)`` instead of ``O(Tk * H * D)``; gathering copies those rows once, like a paged KV cache.
 
+With a :class:`~focusattn.kernels.group_index.GroupIndex` (kept up to date by the caller, one ``append`` per step)
+the lists come from the index instead, and nothing in the step is proportional to ``Tk``: ``O(w + Tk * k / K)``.
+
 Plain autograd through gather + softmax gives exact gradients (memory is the gathered keys, ``O(Tq * L)``).
 """
 from __future__ import annotations
@@ -50,11 +53,13 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
 
 
 def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                           return_lse=False):
+                           return_lse=False, group_index=None):
     """Exact Focus attention for queries aligned to the end of the keys, by per-query key gathering.
 
     Shapes as :func:`focusattn.kernels.api.focus_attention`; returns ``out`` (q's dtype) and, if asked, the float32
     LSE (``-inf`` for a query with no allowed key, whose output is zeros). Inputs are assumed validated.
+    ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
+    is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan.
     """
     bsz, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
@@ -62,18 +67,30 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     outs, lses = [], []
     # chunk size from an upper bound on any query's list (window + its groups' sizes), so memory stays bounded
-    longest = window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
+    if group_index is not None:
+        # the queries' lists hold at most (their group count) x (largest group) entries; when that reaches Tk (dense
+        # top-k, e.g. top-2 of 4) the lists are no shorter than a scan and cost more to deduplicate: scan instead
+        listed = int(group_index.membership[:, tk - tq:].sum(-1).max()) * int(group_index.counts.max())
+        if listed >= tk:
+            membership, group_index = group_index.membership, None
+        longest = window + 1 + listed
+    if group_index is None:
+        longest = window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
     step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * min(tk, longest) * 2))
-    kf, vf = acc(k).reshape(-1, d), acc(v).reshape(-1, d)  # rows of [B * Hkv * Tk, D]: gather = row copies
+    # rows of [B * Hkv * Tk, D]: gather = row copies, converted to the accumulation dtype after gathering
+    kf, vf = k.reshape(-1, d), v.reshape(-1, d)
     head_base = (torch.arange(bsz * hkv, device=q.device) * tk).view(bsz, hkv, 1)
     for c0 in range(0, tq, step):
         c1 = min(tq, c0 + step)
         qpos = torch.arange(tk - tq + c0, tk - tq + c1, device=q.device)
-        idx, valid = focus_key_indices(membership, window, qpos, key_padding_mask)  # [B, C, L]
+        if group_index is None:
+            idx, valid = focus_key_indices(membership, window, qpos, key_padding_mask)  # [B, C, L]
+        else:
+            idx, valid = group_index.key_indices(qpos, window, key_padding_mask)
         c, length = idx.shape[1], idx.shape[2]
         rows = (head_base + idx.reshape(bsz, 1, c * length)).flatten()
-        kg = kf.index_select(0, rows).view(bsz, hkv, c, length, d)
-        vg = vf.index_select(0, rows).view(bsz, hkv, c, length, d)
+        kg = acc(kf.index_select(0, rows)).view(bsz, hkv, c, length, d)
+        vg = acc(vf.index_select(0, rows)).view(bsz, hkv, c, length, d)
         qc = acc(q[:, :, c0:c1]).reshape(bsz, hkv, g, c, d)
         s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
         if softcap is not None:

@@ -50,13 +50,16 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
 
 
 def focus_attention_with_sinks(q, k, v, membership, window, *, sink: int = 0, scale=None, softcap=None,
-                               key_padding_mask=None, backend="auto"):
-    """``focus_attention`` whose mask also lets every query see the first ``sink`` real tokens."""
+                               key_padding_mask=None, backend="auto", group_index=None):
+    """``focus_attention`` whose mask also lets every query see the first ``sink`` real tokens.
+
+    ``group_index`` is passed to :func:`focus_attention` (used by its decode path); the sink part is ``O(Tq n)``."""
     if sink <= 0:
         return focus_attention(q, k, v, membership, window, scale=scale, softcap=softcap,
-                               key_padding_mask=key_padding_mask, backend=backend)
+                               key_padding_mask=key_padding_mask, backend=backend, group_index=group_index)
     out, lse = focus_attention(q, k, v, membership, window, scale=scale, softcap=softcap,
-                               key_padding_mask=key_padding_mask, backend=backend, return_lse=True)
+                               key_padding_mask=key_padding_mask, backend=backend, return_lse=True,
+                               group_index=group_index)
     sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
     o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
     merged, _ = merge_pair(out, lse, o2, l2)

@@ -1,0 +1,166 @@
+"""``GroupIndex``: per-group key positions kept up to date during decoding, so a step never scans the whole cache.
+
+Without it, :func:`focusattn.kernels.decode.focus_decode_attention` finds a query's keys by testing all ``Tk`` keys'
+membership (``O(Tk * K)`` per step, plus a compaction). The index stores, for every batch row ``b`` and group ``g``,
+the ascending positions of the tokens in ``g`` (int32, padded with ``INT32_MAX``, capacity doubled on overflow), and
+the membership itself. A query at position ``p`` then reads only its own groups' lists (``~Tk * k / K`` entries)
+plus the window ``[p - w, p]``:
+
+* a listed key ``j >= p - w`` is dropped (the window already has it), so window and group parts are disjoint;
+* with top-k > 1 a key sharing several groups with the query appears in several lists; it is kept only in the list
+  of the *lowest* shared group (one membership lookup per candidate and lower group), so each key is counted once.
+
+Building costs one ``nonzero`` over the prefill membership (sorted by group for free); ``append`` of ``t`` tokens
+costs ``O(t * K)`` plus amortised regrowth. Memory: ``B * K * cap`` int32 with ``cap`` the next power of two >= the
+largest group, i.e. ``4 * B * T * k`` bytes (up to twice that) for balanced top-k groups and at worst
+``4 * B * T * K`` if one group takes every token, plus the ``B * T * K`` bytes of membership.
+"""
+from __future__ import annotations
+
+import torch
+
+_PAD = torch.iinfo(torch.int32).max  # sorts after every real position, and fails every "< p - w" test
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(4, (max(1, n) - 1).bit_length())
+
+
+def _check_membership(m, name: str, batch=None, groups=None) -> None:
+    if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or m.dim() != 3:
+        raise ValueError(f"{name} must be a bool tensor [B, T, K], got "
+                         f"{(m.dtype, tuple(m.shape)) if isinstance(m, torch.Tensor) else type(m).__name__}")
+    if m.shape[2] < 1 or (batch is not None and (m.shape[0], m.shape[2]) != (batch, groups)):
+        raise ValueError(f"{name} must have shape [B, t, K] = [{batch}, t, {groups}], got {tuple(m.shape)}")
+    if m.shape[1] and not bool(m.any(-1).all()):
+        raise ValueError(f"{name}: every token must belong to at least one group")
+
+
+class GroupIndex:
+    """Positions of each group's tokens, per batch row; see the module docstring.
+
+    ``GroupIndex(membership)`` indexes a prefill's bool ``[B, T, K]`` membership; ``append(m)`` adds ``[B, t, K]``
+    for the next ``t`` positions; ``crop(n)`` keeps the first ``n`` (to follow a KV cache that is cropped, e.g. by
+    assisted decoding). ``len(index)`` is the number of indexed tokens and must equal the KV length it is used with.
+    """
+
+    def __init__(self, membership: torch.Tensor):
+        _check_membership(membership, "membership")
+        b, t, k = membership.shape
+        dev = membership.device
+        self.counts = membership.sum(1)  # [B, K] long
+        self._bound = int(self.counts.max())  # host-side upper bound on counts.max(), so append needs no sync
+        self._cap = _pow2_at_least(self._bound)
+        # one extra column per list: a dump slot for scatter writes that must land nowhere
+        self._pos = torch.full((b, k, self._cap + 1), _PAD, dtype=torch.int32, device=dev)
+        nz = membership.transpose(1, 2).nonzero()  # (b, g, t) rows, already sorted by (b, g) then position
+        start = (self.counts.flatten().cumsum(0) - self.counts.flatten())  # first row of each (b, g) in nz
+        flat = nz[:, 0] * k + nz[:, 1]
+        slot = torch.arange(nz.shape[0], device=dev) - start[flat]
+        self._pos[nz[:, 0], nz[:, 1], slot] = nz[:, 2].to(torch.int32)
+        self._memb = torch.zeros(b, _pow2_at_least(t), k, dtype=torch.bool, device=dev)
+        self._memb[:, :t] = membership
+        self._len = t
+
+    # ------------------------------------------------------------------------------------------- state
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def membership(self) -> torch.Tensor:
+        """The indexed membership ``[B, len, K]`` as a view (no copy): pass it as ``membership`` instead of
+        concatenating a growing tensor every step."""
+        return self._memb[:, :self._len]
+
+    @property
+    def device(self) -> torch.device:
+        return self._pos.device
+
+    def group_lists(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positions [B, K, L] int32, counts [B, K])``: list ``(b, g)`` is ``positions[b, g, :counts[b, g]]``,
+        ascending, padded with ``INT32_MAX``; ``L`` = the longest list."""
+        return self._pos[:, :, :int(self.counts.max())], self.counts
+
+    # ------------------------------------------------------------------------------------------- updates
+    def _grow_lists(self, need: int) -> None:
+        cap = _pow2_at_least(max(need, 2 * self._cap))
+        pos = torch.full((*self._pos.shape[:2], cap + 1), _PAD, dtype=torch.int32, device=self.device)
+        pos[:, :, :self._cap] = self._pos[:, :, :self._cap]
+        self._pos, self._cap = pos, cap
+
+    def append(self, membership_new: torch.Tensor) -> "GroupIndex":
+        """Index ``membership_new`` ``[B, t, K]`` as positions ``len .. len + t - 1``; returns ``self``."""
+        b, k = self.counts.shape
+        _check_membership(membership_new, "membership_new", b, k)
+        if membership_new.device != self.device:
+            raise ValueError(f"membership_new is on {membership_new.device} but the index is on {self.device}")
+        t = membership_new.shape[1]
+        if t == 0:
+            return self
+        if self._len + t > self._memb.shape[1]:
+            memb = torch.zeros(b, _pow2_at_least(self._len + t), k, dtype=torch.bool, device=self.device)
+            memb[:, :self._len] = self.membership
+            self._memb = memb
+        self._memb[:, self._len:self._len + t] = membership_new
+        mt = membership_new.transpose(1, 2)  # [B, K, t]
+        self._bound += t
+        if self._bound > self._cap:  # only now is the true maximum needed (one sync per regrowth, not per step)
+            self._bound = int((self.counts + mt.sum(-1)).max())
+            if self._bound > self._cap:
+                self._grow_lists(self._bound)
+        slot = self.counts[..., None] + mt.long().cumsum(-1) - 1
+        slot = torch.where(mt, slot, self._cap)  # non-members write into the dump column
+        newpos = torch.arange(self._len, self._len + t, dtype=torch.int32, device=self.device).expand(b, k, t)
+        self._pos.scatter_(2, slot, newpos)
+        self._pos[:, :, self._cap] = _PAD
+        self.counts = self.counts + mt.sum(-1)
+        self._len += t
+        return self
+
+    def crop(self, n: int) -> "GroupIndex":
+        """Keep the first ``n`` tokens (``O(B * K * cap)``: for rare rollbacks, not per step); returns ``self``."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self._len:
+            raise ValueError(f"crop length must be an int in [0, {self._len}], got {n!r}")
+        keep = self._pos < n
+        self._pos.masked_fill_(~keep, _PAD)
+        self.counts = keep[:, :, :self._cap].sum(-1)
+        self._memb[:, n:self._len] = False
+        self._len = n
+        self._bound = int(self.counts.max())
+        return self
+
+    # ------------------------------------------------------------------------------------------- queries
+    def key_indices(self, qpos: torch.Tensor, window: int, key_padding_mask: torch.Tensor | None = None):
+        """Keys of the queries at absolute positions ``qpos`` ``[C]`` (each ``< len``): ``(idx [B, C, L] long,
+        valid [B, C, L] bool)``, window keys first, then each shared group's keys; every allowed key appears exactly
+        once among the valid entries (invalid entries point at key 0). Work ``O(C * (w + sum of the query's group
+        sizes) * k)``, independent of the other groups."""
+        b, k = self.counts.shape
+        dev = self.device
+        qpos = qpos.to(dev)
+        mq = self._memb[:, qpos]  # [B, C, K]
+        kq = int(mq.sum(-1).max())
+        # the query's groups, lowest id first (stable sort of 1/0 flags), padded with invalid slots
+        flags, gid = torch.sort(mq.to(torch.uint8), dim=-1, descending=True, stable=True)
+        gid, gvalid = gid[..., :kq], flags[..., :kq].bool()  # [B, C, kq]
+        bi = torch.arange(b, device=dev)[:, None, None]
+        longest = int(self.counts[bi, gid].masked_fill(~gvalid, 0).max()) if kq else 0
+        cand = self._pos[:, :, :longest][bi, gid]  # [B, C, kq, Lg] int32
+        p = qpos[None, :, None, None]
+        ok = gvalid[..., None] & (cand < p - window)  # outside the window (so also causal); padding fails
+        keys = torch.where(ok, cand, 0).long()
+        if kq > 1:  # keep a key only under the lowest group it shares with the query (slot 0 keeps all)
+            other = gid[:, :, None, None, :-1]  # groups of the lower slots, [B, C, 1, 1, kq - 1]
+            shared = self._memb[bi[..., None, None], keys[:, :, 1:, :, None], other]  # [B, C, kq - 1, Lg, kq - 1]
+            lower = torch.ones(kq - 1, kq - 1, dtype=torch.bool, device=dev).tril()  # [slot s - 1, slot s' < s]
+            drop = (shared & gvalid[:, :, None, None, :-1] & lower[:, None, :]).any(-1)
+            ok = torch.cat([ok[:, :, :1], ok[:, :, 1:] & ~drop], 2)
+        keys, ok = keys.flatten(2), ok.flatten(2)
+        span = min(window, int(qpos.max())) + 1
+        wkeys = qpos[:, None] - torch.arange(span, device=dev)  # [C, span]
+        wok = (wkeys >= 0).expand(b, -1, -1)
+        idx = torch.cat([wkeys.clamp_min(0).expand(b, -1, -1), keys], -1)
+        valid = torch.cat([wok, ok], -1)
+        if key_padding_mask is not None:
+            valid = valid & key_padding_mask.gather(1, idx.flatten(1)).view_as(idx)
+        return idx.masked_fill(~valid, 0), valid

@@ -1,0 +1,129 @@
+"""GroupIndex: incremental == from scratch, and decoding through it == the dense reference (values, LSE, grads)."""
+import pytest
+import torch
+
+from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention, focus_attention_with_sinks
+
+
+def _membership(b, t, k, top_k, seed):
+    g = torch.Generator().manual_seed(seed)
+    order = torch.rand(b, t, k, generator=g).argsort(-1)[..., :top_k]
+    return torch.zeros(b, t, k, dtype=torch.bool).scatter_(-1, order, True)
+
+
+def _assert_same_index(a, b):
+    pa, ca = a.group_lists()
+    pb, cb = b.group_lists()
+    assert len(a) == len(b) and torch.equal(ca, cb) and torch.equal(pa, pb)
+    assert torch.equal(a.membership, b.membership)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_prefill_plus_appends_equals_from_scratch(top_k):
+    m = _membership(2, 300, 4, top_k, seed=top_k)
+    idx = GroupIndex(m[:, :5])  # small start: forces several capacity doublings
+    for a, b in [(5, 6), (6, 40), (40, 41), (41, 41), (41, 250), (250, 300)]:
+        idx.append(m[:, a:b])
+        _assert_same_index(idx, GroupIndex(m[:, :b]))
+    pos, cnt = idx.group_lists()
+    for b in range(2):  # the lists are what they claim: each group's positions, ascending
+        for g in range(4):
+            assert pos[b, g, :cnt[b, g]].tolist() == torch.nonzero(m[b, :, g]).flatten().tolist()
+    _assert_same_index(idx.crop(123), GroupIndex(m[:, :123]))
+    _assert_same_index(idx.append(m[:, 123:200]), GroupIndex(m[:, :200]))
+    _assert_same_index(GroupIndex(m[:, :0]).append(m[:, :77]), GroupIndex(m[:, :77]))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+@pytest.mark.parametrize("window", [0, 5, 400])
+@pytest.mark.parametrize("tq", [1, 3])
+def test_indexed_decode_matches_dense(top_k, window, tq):
+    torch.manual_seed(100 * top_k + window + tq)
+    b, hq, hkv, t, d, k = 2, 4, 2, 192, 8, 16
+    m = _membership(b, t, k, top_k, seed=window + top_k)
+    assert top_k * int(m.sum(1).max()) < t  # the lists are shorter than Tk: the index is used, not the scan
+    kpm = torch.ones(b, t, dtype=torch.bool)
+    kpm[1, :11] = False  # left padding in the second row
+    kpm[0, 40] = False
+    q = torch.randn(b, hq, tq, d, requires_grad=True)
+    kk = torch.randn(b, hkv, t, d, requires_grad=True)
+    v = torch.randn(b, hkv, t, d, requires_grad=True)
+    idx = GroupIndex(m[:, :t - 20])
+    for a in range(t - 20, t, 5):  # the decode loop: append, then attend
+        idx.append(m[:, a:a + 5])
+    out, lse = focus_attention(q, kk, v, m, window, key_padding_mask=kpm, group_index=idx, return_lse=True,
+                               backend="decomposed")
+    ref, ref_lse = dense_focus_attention(q, kk, v, m, window, key_padding_mask=kpm, return_lse=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    go = torch.randn_like(out)
+    g1 = torch.autograd.grad((out * go).sum() + lse.sum(), (q, kk, v))
+    g2 = torch.autograd.grad((ref * go).sum() + ref_lse.sum(), (q, kk, v))
+    for a, r in zip(g1, g2):
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+    # the index's own membership view can stand in for the concatenated one (and padding needs no other input)
+    out2 = focus_attention(q, kk, v, idx.membership, window, key_padding_mask=kpm, group_index=idx)
+    torch.testing.assert_close(out2, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_routing_falls_back_to_the_scan_exactly():
+    """Top-3 of 4 groups: the query's lists are longer than the cache, so the decode path scans instead."""
+    torch.manual_seed(1)
+    m = _membership(2, 80, 4, 3, seed=5)
+    q, k, v = torch.randn(2, 4, 2, 8), torch.randn(2, 2, 80, 8), torch.randn(2, 2, 80, 8)
+    out = focus_attention(q, k, v, m, 3, group_index=GroupIndex(m))
+    torch.testing.assert_close(out, dense_focus_attention(q, k, v, m, 3), atol=1e-5, rtol=1e-5)
+
+
+def test_each_allowed_key_listed_once():
+    """Top-3 of 4 groups: most keys share two or three groups with the query; the list must hold each once."""
+    m = _membership(1, 200, 4, 3, seed=9)
+    idx = GroupIndex(m)
+    keys, valid = idx.key_indices(torch.tensor([199]), 7)
+    got = keys[valid].tolist()
+    assert len(got) == len(set(got))
+    dist = 199 - torch.arange(200)
+    allowed = (dist >= 0) & ((dist <= 7) | (m[0] & m[0, 199]).any(-1))
+    assert sorted(got) == torch.nonzero(allowed).flatten().tolist()
+
+
+def test_sinks_and_auto_pass_the_index_through():
+    torch.manual_seed(0)
+    m = _membership(1, 64, 4, 1, seed=3)
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
+    idx = GroupIndex(m)
+    ref = dense_focus_attention(q, k, v, m, 4, sink=2)
+    torch.testing.assert_close(focus_attention_with_sinks(q, k, v, m, 4, sink=2, group_index=idx), ref,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(focus_attention(q, k, v, m, 4, group_index=idx),
+                               focus_attention(q, k, v, m, 4), atol=1e-6, rtol=1e-6)
+
+
+def test_errors():
+    m = _membership(2, 32, 4, 1, seed=1)
+    q, k, v = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 32, 8), torch.randn(2, 2, 32, 8)
+    with pytest.raises(ValueError, match="group_index"):  # one token short: the step's append was forgotten
+        focus_attention(q, k, v, m, 4, group_index=GroupIndex(m[:, :31]))
+    with pytest.raises(ValueError, match="group_index"):
+        focus_attention(q, k, v, m, 4, group_index="index")
+    with pytest.raises(ValueError, match="group_index"):  # batch mismatch
+        focus_attention(q[:1], k[:1], v[:1], m[:1], 4, group_index=GroupIndex(m))
+    other = m.clone()
+    other[:, -1] = other[:, -1].roll(1, -1)
+    with pytest.raises(ValueError, match="group_index"):  # the newest token's groups disagree
+        focus_attention(q, k, v, m, 4, group_index=GroupIndex(other))
+    idx = GroupIndex(m)
+    with pytest.raises(ValueError, match="membership_new"):
+        idx.append(m[:1, :2])  # wrong batch
+    with pytest.raises(ValueError, match="membership_new"):
+        idx.append(m[:, :2, :3])  # wrong K
+    with pytest.raises(ValueError, match="membership_new"):
+        idx.append(m[:, :2].float())
+    with pytest.raises(ValueError, match="at least one group"):
+        idx.append(torch.zeros(2, 1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="at least one group"):
+        GroupIndex(torch.zeros(1, 3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="crop"):
+        idx.crop(33)
+    assert len(idx) == 32  # failed appends left the index untouched
+    _assert_same_index(idx, GroupIndex(m))
