@@ -32,6 +32,8 @@ def test_prefill_plus_appends_equals_from_scratch(top_k):
     _assert_same_index(idx.crop(123), GroupIndex(m[:, :123]))
     _assert_same_index(idx.append(m[:, 123:200]), GroupIndex(m[:, :200]))
     _assert_same_index(GroupIndex(m[:, :0]).append(m[:, :77]), GroupIndex(m[:, :77]))
+    beams = torch.tensor([1, 1, 0])  # beam search: reorder (and repeat) batch rows, then keep appending
+    _assert_same_index(GroupIndex(m[:, :50]).reorder(beams).append(m[beams, 50:90]), GroupIndex(m[beams, :90]))
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])

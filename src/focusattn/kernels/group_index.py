@@ -41,7 +41,7 @@ class GroupIndex:
 
     ``GroupIndex(membership)`` indexes a prefill's bool ``[B, T, K]`` membership; ``append(m)`` adds ``[B, t, K]``
     for the next ``t`` positions; ``crop(n)`` keeps the first ``n`` (to follow a KV cache that is cropped, e.g. by
-    assisted decoding). ``len(index)`` is the number of indexed tokens and must equal the KV length it is used with.
+    assisted decoding); ``reorder(batch_idx)`` follows a beam-search cache reorder. ``len(index)`` is the number of indexed tokens and must equal the KV length it is used with.
     """
 
     def __init__(self, membership: torch.Tensor):
@@ -127,6 +127,13 @@ class GroupIndex:
         self._memb[:, n:self._len] = False
         self._len = n
         self._bound = int(self.counts.max())
+        return self
+
+    def reorder(self, batch_idx: torch.Tensor) -> "GroupIndex":
+        """Keep batch rows ``batch_idx`` (long ``[B']``, repeats allowed), as beam search reorders its KV cache;
+        ``O(B' * (K * cap + T * K))`` copies, far less than the cache's own reorder. Returns ``self``."""
+        batch_idx = batch_idx.to(self.device)
+        self._pos, self.counts, self._memb = self._pos[batch_idx], self.counts[batch_idx], self._memb[batch_idx]
         return self
 
     # ------------------------------------------------------------------------------------------- queries
