@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import _io
-from .config import TrainConfig, check_attention, get_preset
+from .config import DEFAULT_ROPE_BASE, TrainConfig, check_attention, get_preset
 from .data import LMData
 from .train import load_result, read_metrics, train_lm
 
@@ -97,6 +97,10 @@ def _fmt(d: dict, digits: int = 3, pct: bool = False) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" + ("%" if pct else "")
 
 
+def _default_bases(names: list[str]) -> str:
+    return "per variant (" + ", ".join(f"{n} {DEFAULT_ROPE_BASE[n]:g}" for n in names) + ")"
+
+
 def render_markdown(cj: dict | str | Path) -> str:
     """Markdown section for docs/RESULTS.md; every number comes from ``compare.json`` (a dict or its path)."""
     if not isinstance(cj, dict):
@@ -107,7 +111,9 @@ def render_markdown(cj: dict | str | Path) -> str:
         f"Command: `{cj['command']}`" if cj.get("command") else "", "",
         f"Preset `{cj['preset']}` on `{cj['data']}`: {m['n_layer']} layers, d_model {m['d_model']}, {m['n_head']} heads, "
         f"context {ec['block_size']}, {ec['steps']} steps x {ec['batch_size']} windows "
-        f"({ec['tokens_per_run']:,} tokens per run), seeds {cj['seeds']}. Mean ± std over seeds. Validation loss in "
+        f"({ec['tokens_per_run']:,} tokens per run), seeds {cj['seeds']}; Elastic-Softmax tau_mode `{m['tau_mode']}`, "
+        f"RoPE base {m['rope_base'] or _default_bases(cj['attentions'])}; "
+        f"train s is wall-clock on a shared CPU. Mean ± std over seeds. Validation loss in "
         f"nats/byte at 1x, 2x and 4x the training length. Sink mass = mean weight on the first (BOS) token over rows "
         f"i >= 1; uniform attention would give {cj['uniform_sink_mass']:.4f}. Sparsity = share of causal weights "
         f"exactly 0. Surviving mass = mean row sum of the weights.", "",
