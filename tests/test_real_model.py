@@ -47,7 +47,9 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         def checked(q, k, v, membership, window, **kw):
             fast = focus_attention(q, k, v, membership, window, **kw)
             ref_out = focus_attention(q, k, v, membership, window, **{**kw, "backend": "dense"})
-            diffs.append((fast - ref_out).abs().max().item())
+            a, b = (fast[0], ref_out[0]) if isinstance(fast, tuple) else (fast, ref_out)  # (out, lse) with sinks
+            # relative to the layer's value scale (late SmolLM2 layers carry values far from unit scale)
+            diffs.append((a - b).abs().max().item() / max(1.0, b.abs().max().item()))
             return fast
 
         monkeypatch.setattr(sink_mod, "focus_attention", checked)

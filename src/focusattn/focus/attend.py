@@ -21,11 +21,13 @@ def attend(
     softcap: float | None = None,
     allowed: torch.Tensor | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    group_index=None,
 ) -> torch.Tensor:
     """Returns ``[B, Hq, Tq, D]``. ``routing`` covers all ``Tk`` keys (queries are the last ``Tq`` of them).
 
     ``allowed``: the host model's own bool mask (causal/padding/sliding window) broadcastable to [B, H, Tq, Tk], or
-    None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one.
+    None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one;
+    ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a decode step skip scanning every key's groups.
     """
     sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)
     if routing.membership is None:
@@ -35,7 +37,8 @@ def attend(
                                     gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks)
     if allowed is None and cfg.backend != "dense":
         return focus_attention_with_sinks(q, k, v, routing.membership, cfg.window, sink=cfg.sink_tokens, scale=scale,
-                                          softcap=softcap, key_padding_mask=key_padding_mask, backend=cfg.backend)
+                                          softcap=softcap, key_padding_mask=key_padding_mask, backend=cfg.backend,
+                                          group_index=group_index)
     mask = focus_allowed(routing.membership, cfg.window, q.shape[2], sinks)[:, None]
     if allowed is not None:
         mask = mask & allowed

@@ -46,6 +46,7 @@ class FocusRouter(nn.Module):
         # during generation (causal routing makes a cached token's membership final).
         self.pending_hidden: torch.Tensor | None = None
         self.cache: Routing | None = None
+        self.group_index = None  # kernels.GroupIndex of the cached tokens (hard top-k decoding)
         self.pending_offsets: torch.Tensor | None = None  # last training batch's potentials, not yet in the EMA
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 
 from ..focus.attend import attend
 from ..focus.router import Routing
+from ..kernels.group_index import GroupIndex
 from ..kernels.reference import relative_distance
 
 log = logging.getLogger("focusattn")
@@ -61,25 +62,31 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     kpm, needs_mask = _key_padding(allowed, tk, sliding)
 
     routing = router(h, mask=kpm[:, -tq:] if (kpm is not None and tq == tk) else None)
+    index = None
     if tq == tk:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():  # prefill: remember every token's routing for the decode steps
             router.cache = routing
+            router.group_index = None if routing.membership is None else GroupIndex(routing.membership)
     else:
         if cfg.routing != "causal":
             raise ValueError("decoding with a KV cache needs FocusConfig.routing='causal' (sequence routing sees the "
                              "future); compose with routing='causal'")
-        cache = router.cache
-        if cache is None or cache.groups.shape[1] + tq != tk:
-            raise RuntimeError(f"Focus routing cache holds {0 if cache is None else cache.groups.shape[1]} tokens but "
-                               f"the KV cache has {tk - tq}: start generation with a full prefill")
-        routing = Routing(
-            torch.cat([cache.groups, routing.groups], 1),
-            None if routing.membership is None else torch.cat([cache.membership, routing.membership], 1),
-        )
-        router.cache = routing
+        hard = routing.membership is not None
+        cached = (len(router.group_index) if router.group_index is not None else -1) if hard else (
+            router.cache.groups.shape[1] if router.cache is not None else -1)
+        if cached + tq != tk:
+            raise RuntimeError(f"Focus routing cache holds {max(cached, 0)} tokens but the KV cache has {tk - tq}: "
+                               "start generation with a full prefill (beam search reorders are not followed)")
+        if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
+            index = router.group_index
+            index.append(routing.membership)
+            routing = Routing(routing.groups, index.membership)
+        else:
+            routing = Routing(torch.cat([router.cache.groups, routing.groups], 1), None)
+            router.cache = routing
     out = attend(query, key, value, routing, cfg, scale=scaling, softcap=kwargs.get("softcap"),
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
-                 key_padding_mask=kpm)
+                 key_padding_mask=kpm, group_index=index)
     return out.transpose(1, 2).contiguous(), None
 
 

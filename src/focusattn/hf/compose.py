@@ -95,6 +95,7 @@ def update_config(model, **changes) -> FocusConfig:
     for r in routers(model):
         r.cfg = state.cfg
         r.cache = None
+        r.group_index = None
     return state.cfg
 
 
