@@ -144,6 +144,11 @@ PRESETS: dict[str, Preset] = {
                   TrainConfig(batch_size=16, steps=500, lr=3e-3, warmup=50, eval_interval=100, eval_windows=24,
                               ckpt_interval=100),
                   note="4 layers x 128 wide, T=128, 500 steps of 16 x 128 bytes (~1M tokens)"),
+    # The lab model trained 4x longer: the first place on 2 CPU cores where the standard model's layer-0 sink emerges.
+    "lab-long": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
+                       TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
+                                   ckpt_interval=250),
+                       note="preset lab with 2000 steps (~4M tokens), ~7 minutes per run"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,
