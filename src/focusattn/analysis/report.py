@@ -28,6 +28,10 @@ def retrofit_table(s: dict) -> str:
         row = [split + (" (" + cfg["ood_data"] + ")" if split == "ood" else " (" + cfg["data"] + ")"),
                _f(ppl["before"].get(split)), _f(a["soft"])] + [_f(v) for k, v in a.items() if k != "soft"]
         lines.append("| " + " | ".join(row) + " |")
+    if s.get("pairs_kept"):
+        kept = s["pairs_kept"]
+        lines.append("| causal pairs kept | 100% | — | " + " | ".join(
+            f"{100 * kept[k]:.1f}%" if k in kept else "—" for k in ppl["after"]["domain"] if k != "soft") + " |")
     lines += ["", f"top-k > {f['num_groups'] // 2} needs no column: any two tokens then share a group (two k-subsets "
               f"of {f['num_groups']} groups intersect when 2k > {f['num_groups']}), so it equals the model before."]
     g = s["groups"]

@@ -86,6 +86,7 @@ def register(sub) -> None:
     r.add_argument("--out", default="docs/RESULTS.md")
     r.set_defaults(func=_report)
     register_sinks(sub)
+    register_groups(sub)
 
 
 def _sinks(a) -> int:
@@ -109,3 +110,44 @@ def register_sinks(sub) -> None:
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--sink-tokens", type=int, default=1)
     p.set_defaults(func=_sinks)
+
+
+def _groups(a) -> int:
+    import json
+    from pathlib import Path
+
+    from .._io import write_json
+    from ..analysis.groups import groups_report
+
+    res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.windows,
+                        top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
+                                                                                 if x], command=a.command_line)
+    write_json(Path(a.out) / "groups.json", res)
+    if a.update_summary:  # add the measured pair shares to a retrofit summary made before they were recorded
+        p = Path(a.update_summary)
+        summary = json.loads(p.read_text())
+        summary["pairs_kept"] = res["pairs_kept"]
+        summary["pairs_kept_command"] = a.command_line
+        write_json(p, summary)
+    print("causal pairs kept: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in res["pairs_kept"].items()))
+    for layer, groups in res["top_tokens"].items():
+        print(f"layer {layer}:")
+        for gi, toks in enumerate(groups):
+            print(f"  G{gi}: " + " ".join(f"{t!r}x{c}" for t, c in toks))
+    print(f"wrote {a.out}/groups.json")
+    return 0
+
+
+def register_groups(sub) -> None:
+    p = sub.add_parser("groups", help="routing statistics of a saved adapter: dominance, pairs kept, tokens per group",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--adapter", required=True, help="folder written by retrofit (OUT/adapter)")
+    p.add_argument("--data", default="shakespeare")
+    p.add_argument("--out", default="runs/groups")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
+    p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
+    p.add_argument("--update-summary", default="", help="retrofit summary.json to add pairs_kept to")
+    p.set_defaults(func=_groups)

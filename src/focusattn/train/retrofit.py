@@ -196,14 +196,15 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
     if ood_w is not None:
         after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
-    groups = group_stats(model, val_w[: min(2, len(val_w))])
+    stats = group_stats(model, val_w[: min(2, len(val_w))], top_ks)
     summary = {
         "command": command,
         "config": cfg.to_dict(),
         "corpus": corpus.describe(),
         "parameters": {"router": n_router, "total": n_total, "percent": 100.0 * n_router / n_total},
         "perplexity": {"before": before, "after": after},
-        "groups": groups,
+        "groups": stats["layers"],
+        "pairs_kept": stats["pairs_kept"],
         "final_loss": _final_loss(out / "metrics.jsonl"),
         "adapter": str(adapter_dir),
         "wall_seconds": time.time() - t_start,
