@@ -1,19 +1,15 @@
 """Quick-mode kernel benchmark: schema, finiteness and that the markdown is generated from the JSON (not speed)."""
-import argparse
 import json
 import math
 
-from focusattn.bench.cli import register
+from focusattn.cli import main
 from focusattn.bench.report import render_markdown
 
 
 def test_quick_bench_via_cli_writes_json_plot_and_markdown(tmp_path, capsys):
-    parser = argparse.ArgumentParser(prog="focusattn")
-    register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "bench"
-    args = parser.parse_args(["bench", "--out", str(out), "--quick", "--lengths", "128,256", "--groups", "2", "4",
-                              "--top-k", "1", "2", "--decode-len", "256", "--threads", "1"])
-    assert args.func(args) == 0
+    assert main(["bench", "--out", str(out), "--quick", "--lengths", "128,256", "--groups", "2", "4",
+                 "--top-k", "1", "2", "--decode-len", "256", "--threads", "1"]) == 0
 
     doc = json.loads((out / "bench.json").read_text())
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -81,8 +77,6 @@ def test_render_markdown_reads_numbers_from_json():
 
 def test_decode_only_merges_into_existing_json(tmp_path, capsys):
     """--decode-only replaces the decode section and keeps the prefill results (and shows both in the markdown)."""
-    parser = argparse.ArgumentParser(prog="focusattn")
-    register(parser.add_subparsers(dest="command", required=True))
     out = tmp_path / "bench"
     out.mkdir()
     prefill = {"schema": "focusattn.kernel_bench/1", "command": "focusattn bench --out x",
@@ -96,9 +90,8 @@ def test_decode_only_merges_into_existing_json(tmp_path, capsys):
                             "ratio_vs_sdpa": 6.6667, "theoretical_ratio": 7.3, "peak_mem_bytes": 3 * 2**20}],
                "decode": None}
     (out / "bench.json").write_text(json.dumps(prefill))
-    args = parser.parse_args(["bench", "--out", str(out), "--decode-only", "--decode-len", "300", "--groups", "4",
-                              "--top-k", "1", "2", "--decode-repeats", "2", "--threads", "1"])
-    assert args.func(args) == 0
+    assert main(["bench", "--out", str(out), "--decode-only", "--decode-len", "300", "--groups", "4",
+                 "--top-k", "1", "2", "--decode-repeats", "2", "--threads", "1"]) == 0
     doc = json.loads((out / "bench.json").read_text())
     assert doc["results"] == prefill["results"] and doc["command"] == prefill["command"]
     assert doc["targets"]["k8_top1_32k_at_least_5x"] is True

@@ -1,8 +1,6 @@
 """``focusattn bench``: parse, call :func:`run_kernel_bench`, print where the results went."""
 from __future__ import annotations
 
-import shlex
-import sys
 
 
 def _ints(values) -> tuple[int, ...]:
@@ -34,7 +32,8 @@ def _handler(args) -> int:
     from .kernels import run_decode_bench, run_kernel_bench
     from .report import render_markdown
 
-    command = "focusattn " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else None
+    # the exact command line, as recorded by focusattn.cli.main (None when the handler is called programmatically)
+    command = getattr(args, "command_line", None)
     kw = {}
     if args.groups:
         kw["groups"] = _ints(args.groups)
