@@ -32,6 +32,7 @@ test-all: $(STAMP)
 # Kernel speed (~11 min on 2 cores; add --lengths ... 65536 where time allows) and the Lazy kernel (~2 min).
 bench: $(STAMP)
 	$(VENV)/bin/focusattn bench --out $(RUNS)/bench --lengths 1024 4096 16384 32768 --repeats 2 --flex-groups 8 --threads 1
+	$(VENV)/bin/focusattn bench-lazy --out $(RUNS)/bench-lazy --threads 1
 
 # The retrofit's open decisions, measured on one budget (the demo's), then RESULTS.md. ~15 min per run here.
 EXP_RUNS := default paper_mask mult_paper mult_offset sequence
@@ -45,9 +46,11 @@ experiments: $(STAMP)
 	for r in $(EXP_RUNS); do cp $(RUNS)/exp/$$r/summary.json docs/results/retrofit_$$r.json; done
 	$(MAKE) results
 
-# From-scratch lab: standard vs lazy vs focus, 3 seeds each.
+# From-scratch lab: six attentions x 3 seeds at equal compute (~3 min a run here), then the longer preset in which
+# the standard model grows an attention sink (~6 min a run).
 lab: $(STAMP)
-	$(VENV)/bin/focusattn compare --attention standard,lazy,focus --seeds 3 --out $(RUNS)/lab
+	$(VENV)/bin/focusattn compare --attention standard,lazy,focus,elastic-only,lazy-no-bias,sliding --seeds 3 --preset lab --out $(RUNS)/lab
+	$(VENV)/bin/focusattn compare --attention standard,lazy --seeds 3 --preset lab-long --out $(RUNS)/lab-long
 
 results: $(STAMP)
 	$(VENV)/bin/focusattn report --results docs/results --out docs/RESULTS.md

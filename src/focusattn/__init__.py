@@ -17,6 +17,9 @@ _EXPORTS = {
     "load_model": "focusattn.hf",
     "soft_focus_attention": "focusattn.kernels",
     "focus_attention": "focusattn.kernels",
+    "LazyAttention": "focusattn.lazy",
+    "LazyConfig": "focusattn.lazy",
+    "lazy_attention": "focusattn.lazy",
     "focus_attention_with_sinks": "focusattn.kernels",
     "dense_focus_attention": "focusattn.kernels",
 }

@@ -11,6 +11,7 @@ import sys
 COMMANDS = [
     "focusattn.train.cli",
     "focusattn.bench.cli",
+    "focusattn.gpt.cli",
 ]
 
 

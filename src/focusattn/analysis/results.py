@@ -61,7 +61,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown"),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.analysis.results", "render_lazy_bench"),
         ("lab.json", None, "focusattn.gpt.compare", "render_markdown"),
-        ("lab.tau_free.json", None, "focusattn.gpt.compare", "render_markdown"),
+        ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", "focusattn.gpt.compare",
+         "render_markdown"),
+        ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
+         "focusattn.gpt.compare", "render_markdown"),
     ]
     import importlib
 
@@ -70,7 +73,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         if title:
             parts.append(title + "\n")
         if p.exists():
-            parts.append(getattr(importlib.import_module(module), fn)(_load(p)) + "\n")
+            text = getattr(importlib.import_module(module), fn)(_load(p))
+            if title and text.startswith("#"):  # our heading replaces the renderer's own
+                text = text.split("\n", 1)[1]
+            parts.append(text.strip("\n") + "\n")
         else:
             parts.append(f"_Not yet measured (`{fname}` absent)._\n")
     out = Path(out)

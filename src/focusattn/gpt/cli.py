@@ -61,7 +61,8 @@ def _compare_handler(args) -> int:
     names = [a.strip() for a in args.attention.split(",") if a.strip()]
     try:
         res = run_compare(names, args.seeds, args.preset, args.out, data=args.data, steps=args.steps,
-                          threads=args.threads, command="focusattn " + shlex.join(sys.argv[1:]),
+                          threads=args.threads,
+                          command=getattr(args, "command_line", None) or "focusattn " + shlex.join(sys.argv[1:]),
                           progress=not args.no_progress, model_overrides=_model_overrides(args))
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -77,7 +78,8 @@ def _bench_handler(args) -> int:
 
     try:
         res = run_lazy_bench(args.out, T=args.T, B=args.B, H=args.H, D=args.D, W=args.W, block=args.block,
-                             reps=args.reps, backward=not args.forward_only, threads=args.threads)
+                             reps=args.reps, backward=not args.forward_only, threads=args.threads,
+                             command=getattr(args, "command_line", None))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ def _time(fn) -> float:
 
 def run_lazy_bench(out_dir: str | Path, T: int = 4096, *, B: int = 1, H: int = 8, D: int = 64, W: int = 1024,
                    block: int = 64, reps: int = 5, backward: bool = True, threads: int | None = None,
-                   dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
+                   dtype: torch.dtype = torch.float32, seed: int = 0, command: str | None = None) -> dict:
     """Time forward (and forward+backward) at ``[B, H, T, D]``; write ``lazy_bench.json`` and ``lazy_bench.png``."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
@@ -70,7 +70,7 @@ def run_lazy_bench(out_dir: str | Path, T: int = 4096, *, B: int = 1, H: int = 8
         results[mode] = {"sdpa_s": tb, "lazy_s": to, "sdpa_median_s": mb, "lazy_median_s": mo, "ratio": mo / mb}
     out = {"shape": {"B": B, "H": H, "T": T, "D": D, "W": W}, "block": block, "reps": reps, "dtype": str(dtype),
            "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-           "processor": platform.processor(), "target_ratio": 3.0, "results": results}
+           "processor": platform.processor(), "target_ratio": 3.0, "results": results, "command": command}
     d = Path(out_dir)
     _io.write_json(d / "lazy_bench.json", out)
     _plot(out, d / "lazy_bench.png")
