@@ -55,30 +55,34 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += ["### Gate and routing decisions, measured on the same budget\n",
                   "Perplexity on held-out Shakespeare works (domain) and on Lee news articles (OOD); `soft` = the "
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
+    # (json file, our heading or None, renderer module, renderer function, extra keyword arguments, plots)
     sections = [
         ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", "focusattn.eval.sinks",
-         "render_markdown"),
-        ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown"),
-        ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.analysis.results", "render_lazy_bench"),
-        ("lab.json", None, "focusattn.gpt.compare", "render_markdown"),
+         "render_markdown", {}, []),
+        ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown",
+         {"plot_link": "results/bench.png"}, []),
+        ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.analysis.results", "render_lazy_bench", {},
+         []),
+        ("lab.json", None, "focusattn.gpt.compare", "render_markdown", {}, ["lab.loss.png", "lab.attention.png"]),
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", "focusattn.gpt.compare",
-         "render_markdown"),
+         "render_markdown", {}, []),
         ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
-         "focusattn.gpt.compare", "render_markdown"),
+         "focusattn.gpt.compare", "render_markdown", {}, ["lab.long.loss.png", "lab.long.attention.png"]),
     ]
     import importlib
 
-    for fname, title, module, fn in sections:
+    for fname, title, module, fn, kwargs, plots in sections:
         p = d / fname
         if title:
             parts.append(title + "\n")
-        if p.exists():
-            text = getattr(importlib.import_module(module), fn)(_load(p))
-            if title and text.startswith("#"):  # our heading replaces the renderer's own
-                text = text.split("\n", 1)[1]
-            parts.append(text.strip("\n") + "\n")
-        else:
+        if not p.exists():
             parts.append(f"_Not yet measured (`{fname}` absent)._\n")
+            continue
+        text = getattr(importlib.import_module(module), fn)(_load(p), **kwargs)
+        if title and text.startswith("#"):  # our heading replaces the renderer's own
+            text = text.split("\n", 1)[1]
+        parts.append(text.strip("\n") + "\n")
+        parts += [f"![{Path(png).stem}](results/{png})\n" for png in plots if (d / png).exists()]
     out = Path(out)
     write_text(out, "\n".join(parts))
     return out
