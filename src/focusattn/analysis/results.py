@@ -23,19 +23,30 @@ def retrofit_comparison(summaries: dict[str, dict]) -> str:
     """One row per retrofit run: the gate/routing decisions measured on the same budget."""
     ks = sorted({k for s in summaries.values() for k in s["perplexity"]["after"]["domain"] if k != "soft"},
                 key=lambda k: int(k[3:]))
-    head = ["run", "gate", "offset", "routing", "domain before", "soft"] + [k.replace("top", "top-") for k in ks] + [
+    head = ["run", "gate", "offset", "routing", "sinks", "domain before", "soft"] + [k.replace("top", "top-") for k in ks] + [
         "OOD before", "OOD soft", "mean dominance", "mean confidence"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in summaries.items():
         f = s["config"]["focus"]
         b, a = s["perplexity"]["before"], s["perplexity"]["after"]
         g = s["groups"]
-        row = [name, f["gate"], str(f["gate_offset"]), f["routing"], _f(b["domain"]), _f(a["domain"]["soft"])]
+        row = [name, f["gate"], str(f["gate_offset"]), f["routing"], str(f.get("sink_tokens", 0)), _f(b["domain"]),
+               _f(a["domain"]["soft"])]
         row += [_f(a["domain"].get(k)) for k in ks]
         row += [_f(b.get("ood")), _f(a.get("ood", {}).get("soft")),
                 f"{sum(x['dominance'] for x in g) / len(g):.3f}", f"{sum(x['confidence'] for x in g) / len(g):.3f}"]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Commands:", ""] + [f"- {name}: `{s.get('command')}`" for name, s in summaries.items()]
+    kept = [(n, s["pairs_kept"]) for n, s in summaries.items() if s.get("pairs_kept")]
+    if kept:
+        lines += ["", "Share of causal pairs kept by hard top-k (T = "
+                  f"{next(iter(summaries.values()))['config']['seq_len']}): "
+                  + "; ".join(f"{n}: " + ", ".join(f"{k.replace('top', 'top-')} {100 * v:.1f}%" for k, v in pk.items())
+                              for n, pk in kept)]
+    lines += ["", "Commands:", ""]
+    for name, s in summaries.items():
+        lines.append(f"- {name}: `{s.get('command')}`")
+        if s.get("pairs_kept_command"):
+            lines.append(f"  (pairs kept: `{s['pairs_kept_command']}`)")
     return "\n".join(lines)
 
 
