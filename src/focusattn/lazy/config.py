@@ -18,7 +18,7 @@ class LazyConfig:
     rope_base: 100000 by default. The paper asks for a "larger base" without a value; the dev code's multi-base
         experiments centre on 150000 and Llama-style long-context models use 1e5..5e5. A larger base slows the lowest
         frequencies so that long distances stay distinguishable, leaving short-range shape to the bias table. The
-        lab (docs/results/lab.md, T=128) finds no in-length gain and worse 4x extrapolation than base 1e4
+        lab (docs/RESULTS.md, lab section, T=128) finds no in-length gain and worse 4x extrapolation than base 1e4
         (lazy-no-bias 2.72 vs elastic-only 2.34 nats/byte at 4x): a base sized for 4K-token training, not for
         short contexts.
     use_bias: learnable per-head distance table ``b[h, d]`` for ``d < bias_window``.
