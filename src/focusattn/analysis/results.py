@@ -72,6 +72,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          "render_markdown", {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown",
          {"plot_link": "results/bench.png"}, []),
+        ("bench_64k.json", "### The 64K point (K=8, top-1; run separately for time)", "focusattn.bench.report",
+         "render_markdown", {"plot_link": "results/bench_64k.png"}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.analysis.results", "render_lazy_bench", {},
          []),
         ("lab.json", None, "focusattn.gpt.compare", "render_markdown", {}, ["lab.loss.png", "lab.attention.png"]),
