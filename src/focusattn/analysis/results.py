@@ -56,6 +56,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         raise ValueError(f"--results {d}: no such folder")
     parts = [HEADER]
     runs = {p.stem.removeprefix("retrofit_"): _load(p) for p in sorted(d.glob("retrofit_*.json"))}
+    longer = {k: runs.pop(k) for k in [k for k in runs if k.startswith("long")]}  # other budgets: own sections
     parts.append("## Focus retrofit (SmolLM2-135M-Instruct, Shakespeare)\n")
     if "default" in runs:
         s = runs["default"]
@@ -67,6 +68,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "Perplexity on held-out Shakespeare works (domain) and on Lee news articles (OOD); `soft` = the "
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
     # (json file, our heading or None, renderer module, renderer function, extra keyword arguments, plots)
+    for name, s in longer.items():
+        parts += [f"### Longer sequences: `{name}`\n", f"Command: `{s.get('command')}`\n", retrofit_table(s), ""]
     sections = [
         ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", "focusattn.eval.sinks",
          "render_markdown", {}, []),
