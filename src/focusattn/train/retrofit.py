@@ -101,7 +101,6 @@ def _eval_suite(model, windows, top_ks, desc) -> dict:
 def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None = None) -> dict:
     """Run the whole job; writes ``metrics.jsonl``, ``checkpoint.pt``, ``adapter/`` and ``summary.json`` in ``out``."""
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.model)
@@ -121,6 +120,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     top_ks = list(cfg.eval_top_ks or range(1, max(1, cfg.focus.num_groups // 2) + 1))
     log.info("%s | %d train / %d val tokens", corpus.describe(), len(train_ids), len(val_ids))
 
+    out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good: bad input leaves nothing
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if cfg.resume else None
     before = (ckpt or {}).get("extra", {}).get("before")
