@@ -62,7 +62,7 @@ def check_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> st
             raise ValueError(f"backend 'flex' cannot run dtype {q.dtype}")
         if needs_grad and q.device.type == "cpu":
             raise ValueError(f"backend 'flex' has no backward on CPU in torch {torch.__version__} (FlexAttention "
-                             "raises NotImplementedError); use backend='decomposed' or 'dense' for gradients")
+                             "itself refuses it); use backend='decomposed' or 'dense' for gradients")
     if backend == "auto":
         # The decomposed path runs on every device/dtype (generic chunked kernels when no fused op applies).
         backend = "decomposed"
