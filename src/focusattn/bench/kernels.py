@@ -147,7 +147,6 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
     if flex and flex_compile:
         _raise_recompile_limit()
     probe = _PeakRSS()
-    scale = 1.0 / math.sqrt(head_dim)
     gen = torch.Generator().manual_seed(seed)
     results = []
 

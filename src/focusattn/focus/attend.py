@@ -29,7 +29,8 @@ def attend(
     None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one;
     ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a decode step skip scanning every key's groups.
     """
-    sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)
+    if routing.membership is None or allowed is not None or cfg.backend == "dense":
+        sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)  # (the fast path makes its own)
     if routing.membership is None:
         if key_padding_mask is not None and allowed is None:
             allowed = key_padding_mask[:, None, None, :]

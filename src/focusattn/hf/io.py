@@ -23,13 +23,30 @@ def _base_id(model) -> str:
     return str(getattr(model.config, "_name_or_path", "") or "")
 
 
-def adapter_state(model) -> dict[str, torch.Tensor]:
-    out = {}
+def _router_tensors(model):
+    """``("layers.{i}.{name}", tensor)`` for every router parameter and buffer: the adapter's key scheme."""
     for i, r in enumerate(routers(model)):
         r.flush_offsets()  # saved state includes the last training batch
         for name, t in list(r.named_parameters()) + list(r.named_buffers()):
-            out[f"layers.{i}.{name}"] = t.detach().cpu().contiguous()
-    return out
+            yield f"layers.{i}.{name}", t
+
+
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    return {key: t.detach().cpu().contiguous() for key, t in _router_tensors(model)}
+
+
+def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str = "adapter") -> None:
+    """Copy router tensors into a composed model; any missing, unexpected or mis-shaped key is an error."""
+    expected = dict(_router_tensors(model))
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
+    if missing or unexpected or shapes:
+        raise ValueError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"mis-shaped {shapes[:3]}")
+    with torch.no_grad():
+        for key, t in expected.items():
+            t.copy_(tensors[key].to(t.dtype))
 
 
 def save_adapter(model, path: str | os.PathLike) -> Path:
@@ -81,15 +98,5 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
         raise ValueError(f"adapter {path}: cannot read {WEIGHTS} ({e})") from e
     if not is_composed(model):
         compose(model, cfg)
-    expected = adapter_state(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    shapes = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
-    if missing or unexpected or shapes:
-        raise ValueError(f"adapter {path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
-                         f"mis-shaped {shapes[:3]}")
-    with torch.no_grad():
-        for i, r in enumerate(routers(model)):
-            for name, t in list(r.named_parameters()) + list(r.named_buffers()):
-                t.copy_(tensors[f"layers.{i}.{name}"].to(t.dtype))
+    load_adapter_state(model, tensors, source=f"adapter {path}")
     return model

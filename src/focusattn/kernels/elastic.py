@@ -245,7 +245,7 @@ def elastic_weights(
 ) -> torch.Tensor:
     """The dense ``[B, Hq, Tq, Tk]`` weights ``a`` (zeros above the diagonal), for diagnostics on short inputs."""
     _check(q, k, k, tau, bias, "reference", bias_beyond, 1)
-    hq, tq, tk = q.shape[1], q.shape[2], k.shape[2]
+    tk = k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     eye = torch.eye(tk, dtype=q.dtype, device=q.device).expand(q.shape[0], k.shape[1], tk, tk)
     # a @ I = a: reuse the oracle rather than restating the rule.

@@ -18,7 +18,7 @@ from ..data.tokens import check_length, eval_windows, random_windows, tokenize
 from ..eval.perplexity import perplexity
 from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
-from ..hf.io import adapter_state
+from ..hf.io import adapter_state, load_adapter_state
 from .checkpoint import load_checkpoint, save_checkpoint
 from .schedule import cosine_lr
 
@@ -136,13 +136,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     start = 0
     if ckpt is not None:
-        state = adapter_state(model)
-        if set(state) != set(ckpt["trainable"]):
-            raise ValueError(f"{ckpt_path} does not match this configuration; delete it or run without --resume")
-        with torch.no_grad():
-            for i, r in enumerate(routers(model)):
-                for name, t in list(r.named_parameters()) + list(r.named_buffers()):
-                    t.copy_(ckpt["trainable"][f"layers.{i}.{name}"])
+        load_adapter_state(model, ckpt["trainable"],
+                           source=f"{ckpt_path} (delete it or run without --resume)")
         opt.load_state_dict(ckpt["optimizer"])
         start = ckpt["step"]
         log.info("resumed from %s at step %d", ckpt_path, start)
