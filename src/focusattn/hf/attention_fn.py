@@ -5,6 +5,7 @@ routing (its router was given the layer's input hidden state by a forward pre-ho
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -74,7 +75,10 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
         hard = routing.membership is not None
         cached = (len(router.group_index) if router.group_index is not None else -1) if hard else (
             router.cache.groups.shape[1] if router.cache is not None else -1)
-        if cached + tq != tk:
+        # A sliding-window layer's KV cache keeps only its last keys (Gemma-2): every cached key is then inside the
+        # model's window, and the true first token, outside it, is masked anyway, so no sink applies to that call.
+        trimmed = sliding is not None and cached + tq > tk and cached >= 0
+        if cached + tq != tk and not trimmed:
             raise RuntimeError(f"Focus routing cache holds {max(cached, 0)} tokens but the KV cache has {tk - tq}: "
                                "start generation with a full prefill (beam search reorders are not followed)")
         if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
@@ -84,6 +88,11 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
         else:
             routing = Routing(torch.cat([router.cache.groups, routing.groups], 1), None)
             router.cache = routing
+        if trimmed:
+            index = None
+            routing = Routing(routing.groups[:, -tk:],
+                              None if routing.membership is None else routing.membership[:, -tk:])
+            cfg = dataclasses.replace(cfg, sink_tokens=0)
     out = attend(query, key, value, routing, cfg, scale=scaling, softcap=kwargs.get("softcap"),
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
                  key_padding_mask=kpm, group_index=index)

@@ -57,6 +57,10 @@ def compose(model, cfg: FocusConfig | None = None):
     state = FocusState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
     for m in modules:
         router = FocusRouter(model.config.hidden_size, cfg).to(device=ref.device, dtype=torch.float32)
+        # add_module leaves a new module in training mode whatever its parent's mode: a router in training mode
+        # updates its causal offsets on every forward, so it must start in the host model's mode (later
+        # model.train()/model.eval() calls then reach it as a submodule).
+        router.train(model.training)
         m.add_module(ROUTER, router)
         state.hooks.append(m.register_forward_pre_hook(_stash_hidden, with_kwargs=True))
     model._focus_state = state
