@@ -27,6 +27,22 @@ def _in_backward() -> bool:
     return task is not None and task() != -1
 
 
+def balance_loss(groups: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Switch-style load balance ``K * sum_g f_g * P_g`` of the assignment actually served (1 when balanced).
+
+    ``f_g``: share of tokens whose top group is g (no gradient), ``P_g``: mean soft probability of g. Causal routing
+    gets no balancing gradient from Sinkhorn (its potentials are computed without one), and the language-model loss
+    alone rewards putting every token in one group (that keeps every pair), so the router needs this pressure to keep
+    the groups, and with them the sparse kernels' cost, balanced.
+    """
+    k = groups.shape[-1]
+    flat = groups.reshape(-1, k).float()
+    if mask is not None:
+        flat = flat[mask.reshape(-1)]
+    f = torch.bincount(flat.argmax(-1), minlength=k).to(flat.dtype) / max(1, flat.shape[0])
+    return k * (f * flat.mean(0)).sum()
+
+
 class FocusRouter(nn.Module):
     """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer.
 
@@ -48,6 +64,8 @@ class FocusRouter(nn.Module):
         self.cache: Routing | None = None
         self.group_index = None  # kernels.GroupIndex of the cached tokens (hard top-k decoding)
         self.pending_offsets: torch.Tensor | None = None  # last training batch's potentials, not yet in the EMA
+        self.balance: torch.Tensor | None = None  # last training forward's load-balance loss (see balance_loss)
+        self.largest_share: float | None = None  # last training forward's share of tokens in the largest group
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
@@ -72,6 +90,9 @@ class FocusRouter(nn.Module):
             b = self.offsets if bool(self.offsets_ready) or batch_b is None else batch_b
             b = b.to(logits.dtype).expand(logits.shape[0], -1)
         groups = torch.softmax(logits + b[:, None, :], dim=-1)
+        if self.training and not _in_backward():
+            self.balance = balance_loss(groups, mask)
+            self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = None
         if cfg.top_k is not None:
             idx = groups.topk(cfg.top_k, dim=-1).indices

@@ -40,6 +40,7 @@ def _retrofit(a) -> int:
         eval_windows=a.eval_windows, ood_eval_windows=a.ood_eval_windows,
         eval_top_ks=tuple(int(x) for x in a.eval_top_k.split(",")) if a.eval_top_k else None,
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume,
+        balance_loss=a.balance_loss, lam_final=a.lam_final,
         focus=focus_from_args(a),
     )
     summary = retrofit(cfg, command=a.command_line)
@@ -77,6 +78,10 @@ def register(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing for long sequences")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--balance-loss", type=float, default=d.balance_loss,
+                   help="weight of the routers' load-balance loss (keeps groups, and sparse-kernel cost, balanced)")
+    p.add_argument("--lam-final", type=float, default=d.lam_final,
+                   help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
     add_focus_args(p)
     p.set_defaults(func=_retrofit)
 

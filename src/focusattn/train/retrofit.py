@@ -18,6 +18,7 @@ from ..data.tokens import check_length, eval_windows, random_windows, tokenize
 from ..eval.perplexity import perplexity
 from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
+from ..hf.compose import focus_config, update_config
 from ..hf.io import adapter_state, load_adapter_state
 from .checkpoint import load_checkpoint, save_checkpoint
 from .schedule import cosine_lr
@@ -49,6 +50,8 @@ class RetrofitConfig:
     checkpoint_every: int = 25
     grad_checkpointing: bool = False
     resume: bool = False
+    balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
+    lam_final: float | None = None  # anneal the soft gate's lambda geometrically to this value (train for the hard mask)
     focus: FocusConfig = field(default_factory=FocusConfig)
 
     def __post_init__(self):
@@ -57,6 +60,10 @@ class RetrofitConfig:
                 raise ValueError(f"RetrofitConfig.{name}={getattr(self, name)!r} is invalid: allowed an integer >= 1")
         if self.ood_eval_windows < 0:
             raise ValueError(f"RetrofitConfig.ood_eval_windows={self.ood_eval_windows!r}: allowed an integer >= 0")
+        if not self.balance_loss >= 0:
+            raise ValueError(f"RetrofitConfig.balance_loss={self.balance_loss!r} is invalid: allowed a float >= 0")
+        if self.lam_final is not None and not self.lam_final > 0:
+            raise ValueError(f"RetrofitConfig.lam_final={self.lam_final!r} is invalid: allowed None or a float > 0")
         if not self.lr > 0:
             raise ValueError(f"RetrofitConfig.lr={self.lr!r} is invalid: allowed a float > 0")
         if self.warmup < 0:
@@ -153,7 +160,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.eval()
-    for r in routers(model):
+    rs = routers(model)
+    for r in rs:
         r.train()
     device = next(model.parameters()).device
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="retrofit", disable=not progress)
@@ -163,19 +171,26 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         lr = cosine_lr(step, lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
+        lam = _lam(cfg, step)
+        if lam != focus_config(model).lam:
+            update_config(model, lam=lam)
         rng = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
-        loss_sum = 0.0
+        loss_sum, bal_sum, shares = 0.0, 0.0, None
         for _ in range(cfg.grad_accum):
             x = torch.as_tensor(random_windows(train_ids, cfg.seq_len, cfg.batch_size, rng), dtype=torch.long,
                                 device=device)
             loss = model(x, labels=x).loss / cfg.grad_accum
-            loss.backward()
+            bal = torch.stack([r.balance for r in rs]).mean()
+            shares = [r.largest_share for r in rs]
+            (loss + cfg.balance_loss / cfg.grad_accum * bal).backward()
             loss_sum += loss.item()
+            bal_sum += bal.item() / cfg.grad_accum
         gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip).item()
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.time() - t0
-        rec = {"step": step + 1, "loss": loss_sum, "lr": lr, "grad_norm": gnorm, "tokens_per_s": tokens_per_step / dt}
+        rec = {"step": step + 1, "loss": loss_sum, "balance": bal_sum, "lam": lam, "lr": lr, "grad_norm": gnorm,
+               "tokens_per_s": tokens_per_step / dt, "largest_share": shares}
         append_jsonl(out / "metrics.jsonl", rec)
         bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
         if not math.isfinite(loss_sum):
@@ -186,6 +201,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
     model.eval()
+    update_config(model, lam=_lam(cfg, cfg.steps))
 
     adapter_dir = save_adapter(model, out / "adapter")
     after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
@@ -206,6 +222,14 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     }
     write_json(out / "summary.json", summary)
     return summary
+
+
+def _lam(cfg: RetrofitConfig, step: int) -> float:
+    """The soft gate's sharpness at ``step``: geometric from ``focus.lam`` to ``lam_final`` (constant without it)."""
+    if cfg.lam_final is None:
+        return cfg.focus.lam
+    frac = min(1.0, step / max(1, cfg.steps - 1))
+    return float(cfg.focus.lam * (cfg.lam_final / cfg.focus.lam) ** frac)
 
 
 def _final_loss(path: Path, last: int = 10) -> float | None:
