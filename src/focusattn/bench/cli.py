@@ -27,6 +27,32 @@ def register(subparsers) -> None:
     p.add_argument("--flex-groups", nargs="+", default=None, help="run flex only for these K (default: all)")
     p.set_defaults(func=_handler)
 
+    m = subparsers.add_parser("bench-model", help="whole-model prefill/decode speed: original vs a Focus adapter "
+                              "with its learned routing (writes model_bench.json/png)")
+    m.add_argument("--model", default="smollm2-135m", help="alias, hub id or local folder")
+    m.add_argument("--adapter", required=True, help="shipped adapter name or adapter folder")
+    m.add_argument("--data", default="shakespeare", help="held-out text: the validation split of this corpus")
+    m.add_argument("--lengths", nargs="+", default=["2048", "4096", "8192"])
+    m.add_argument("--top-k", nargs="+", default=["1", "2"])
+    m.add_argument("--repeats", type=int, default=2)
+    m.add_argument("--decode-tokens", type=int, default=8, help="decode steps timed per repeat")
+    m.add_argument("--threads", type=int, default=None)
+    m.add_argument("--out", required=True)
+    m.set_defaults(func=_model_handler)
+
+
+def _model_handler(args) -> int:
+    from .model import run_model_bench
+    from .report import render_model_markdown
+
+    doc = run_model_bench(args.out, model=args.model, adapter=args.adapter, lengths=_ints(args.lengths),
+                          top_ks=_ints(args.top_k), data=args.data, repeats=args.repeats,
+                          decode_tokens=args.decode_tokens, threads=args.threads,
+                          command=getattr(args, "command_line", None))
+    print(render_model_markdown(doc))
+    print(f"wrote {args.out}/model_bench.json and {args.out}/model_bench.png")
+    return 0
+
 
 def _handler(args) -> int:
     from .kernels import run_decode_bench, run_kernel_bench

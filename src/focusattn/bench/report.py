@@ -98,3 +98,30 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     lines += ["", f"Cost model: {doc['cost_model']}.", "", f"Memory: {doc['memory_method']}.", "",
               f"![speedup vs T]({plot_link})", ""]
     return "\n".join(lines)
+
+
+def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> str:
+    """The whole-model benchmark (``model_bench.json``) as a table; ratios are to the original model, same run."""
+    cfg = doc["focus_config"]
+    lines = [
+        f"Model `{doc['model']}` + adapter `{doc['adapter']}` (K={cfg['num_groups']}, w={cfg['window']}, "
+        f"sinks={cfg['sink_tokens']}), held-out `{doc['data']}` text, {doc['threads']} thread(s), median of "
+        f"{doc['repeats']} alternating repeats; decode = one new token at context T (median of "
+        f"{doc['decode_tokens']} steps).",
+        "",
+        "| T | variant | prefill s | × | decode ms/token | × | attention share | attention × | peak MiB | "
+        "largest group (max over layers) | group cost / balanced (max) | cost-model × | kernel real/random speed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["results"]:
+        rt, kn = r.get("routing") or {}, r.get("kernel") or {}
+        share = f"{rt['max_largest_share']:.2f}" if rt else "—"
+        cost = f"{rt['max_group_cost_vs_balanced']:.2f}" if rt else "—"
+        model_x = _x(rt.get("mean_cost_model_ratio"))
+        real = f"{kn['real_over_random_speed']:.2f}" if kn else "—"
+        lines.append(
+            f"| {r['T']} | {r['variant']} | {r['prefill_s']:.2f} | {_x(r['prefill_speedup'])} | {_ms(r['decode_s'])} | "
+            f"{_x(r['decode_speedup'])} | {r['attention_share']:.0%} | {_x(r['attention_speedup'])} | "
+            f"{_mib(r['peak_bytes'])} | {share} | {cost} | {model_x} | {real} |")
+    lines += ["", f"Command: `{doc['command']}`", "", f"![model bench]({plot_link})"]
+    return "\n".join(lines)

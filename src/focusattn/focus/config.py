@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 GATES = ("multiplicative", "log")
-ROUTINGS = ("causal", "sequence")
+ROUTINGS = ("causal", "sequence", "random")
 BACKENDS = ("auto", "dense", "decomposed", "flex")
 
 
@@ -17,7 +17,8 @@ class FocusConfig:
         ``"multiplicative"`` (paper Eq. 2, logit * sigmoid(lam*(a - gate_offset))). See README "Design decisions".
     lam, gate_offset: gate sharpness and the affinity at which the gate is one half (0 reproduces Eq. 2 as written).
     routing: ``"causal"`` (per-group Sinkhorn offsets learned in training, frozen at evaluation: a token's group
-        depends on that token alone) or ``"sequence"`` (the paper's sequence-wide Sinkhorn, which sees the future).
+        depends on that token alone), ``"sequence"`` (the paper's sequence-wide Sinkhorn, which sees the future) or
+        ``"random"`` (a baseline: each position's groups drawn at random, balanced and causal, the router unused).
     top_k: ``None`` = soft gating; k = hard membership in the k highest-scoring groups (inference).
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.

@@ -71,8 +71,11 @@ class FocusRouter(nn.Module):
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
         return self.proj(h.to(self.proj.weight.dtype)) @ self.centroids.t() / self.cfg.tau
 
-    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> Routing:
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None, start: int = 0) -> Routing:
+        """``h`` [B, T, d]: the layer input of positions ``start .. start + T - 1``."""
         cfg = self.cfg
+        if cfg.routing == "random":
+            return self._random(h.shape[0], h.shape[1], start, h.device)
         logits = self.scores(h)
         if cfg.routing == "sequence":
             b = sinkhorn_potentials(logits, cfg.sinkhorn_iters, mask)  # differentiable, sees the whole sequence
@@ -90,13 +93,32 @@ class FocusRouter(nn.Module):
             b = self.offsets if bool(self.offsets_ready) or batch_b is None else batch_b
             b = b.to(logits.dtype).expand(logits.shape[0], -1)
         groups = torch.softmax(logits + b[:, None, :], dim=-1)
+        if self.training:  # computed in a checkpointing re-run too: the re-run must save the same tensors
+            bal = balance_loss(groups, mask)
         if self.training and not _in_backward():
-            self.balance = balance_loss(groups, mask)
+            self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = None
         if cfg.top_k is not None:
             idx = groups.topk(cfg.top_k, dim=-1).indices
             membership = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, idx, True)
+        return Routing(groups, membership)
+
+    @torch.no_grad()
+    def _random(self, batch: int, t: int, start: int, device) -> Routing:
+        """Baseline routing: groups drawn per absolute position (fixed seed, chunks of 4096 positions), so the same
+        position gets the same groups in prefill and decode, whatever the text."""
+        k, chunk = self.cfg.num_groups, 4096
+        rows = []
+        for c in range(start // chunk, (start + t - 1) // chunk + 1):
+            rows.append(torch.rand(chunk, k, generator=torch.Generator().manual_seed(1_000_003 * k + c)))
+        scores = torch.cat(rows)[start - (start // chunk) * chunk:][:t].to(device)
+        groups = torch.nn.functional.one_hot(scores.argmax(-1), k).float().expand(batch, t, k)
+        membership = None
+        if self.cfg.top_k is not None:
+            idx = scores.topk(self.cfg.top_k, dim=-1).indices
+            membership = torch.zeros(t, k, dtype=torch.bool, device=device).scatter_(-1, idx, True)
+            membership = membership.expand(batch, t, k).contiguous()
         return Routing(groups, membership)
 
     @torch.no_grad()

@@ -62,14 +62,14 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     allowed = _allowed_from_mask(attention_mask, tq, tk, sliding, query.device)
     kpm, needs_mask = _key_padding(allowed, tk, sliding)
 
-    routing = router(h, mask=kpm[:, -tq:] if (kpm is not None and tq == tk) else None)
+    routing = router(h, mask=kpm[:, -tq:] if (kpm is not None and tq == tk) else None, start=tk - tq)
     index = None
     if tq == tk:
         if not torch.is_grad_enabled():  # prefill: remember every token's routing for the decode steps
             router.cache = routing
             router.group_index = None if routing.membership is None else GroupIndex(routing.membership)
     else:
-        if cfg.routing != "causal":
+        if cfg.routing == "sequence":
             raise ValueError("decoding with a KV cache needs FocusConfig.routing='causal' (sequence routing sees the "
                              "future); compose with routing='causal'")
         hard = routing.membership is not None

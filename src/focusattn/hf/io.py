@@ -82,8 +82,13 @@ def read_adapter_config(path: str | os.PathLike) -> dict:
 
 
 def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
-    """Compose ``model`` with the saved config (unless already composed) and load the router tensors strictly."""
-    path = Path(path)
+    """Compose ``model`` with the saved config (unless already composed) and load the router tensors strictly.
+
+    ``path``: an adapter folder or the name of a shipped adapter (``focusattn.adapters.shipped()``). Routers take the
+    model's current train/eval mode. An already composed model must have the adapter's number of groups."""
+    from ..adapters import resolve
+
+    path = resolve(path)
     meta = read_adapter_config(path)
     cfg = FocusConfig.from_dict(meta["focus_config"])
     if meta["model_type"] != model.config.model_type or meta["hidden_size"] != model.config.hidden_size:
@@ -98,5 +103,9 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
         raise ValueError(f"adapter {path}: cannot read {WEIGHTS} ({e})") from e
     if not is_composed(model):
         compose(model, cfg)
+    elif (focus_config(model).num_groups, focus_config(model).group_dim) != (cfg.num_groups, cfg.group_dim):
+        have = focus_config(model)
+        raise ValueError(f"adapter {path} has K={cfg.num_groups}, d_g={cfg.group_dim} but the model is composed with "
+                         f"K={have.num_groups}, d_g={have.group_dim}")
     load_adapter_state(model, tensors, source=f"adapter {path}")
     return model

@@ -1,0 +1,234 @@
+"""Model-level benchmark: the original model (SDPA) against the same model with a trained Focus adapter, on held-out
+real text, with the routing the adapter really learned.
+
+Per length T, in one process and alternating the variants (``original``, then ``top1``, ``top2`` ...) each repeat:
+
+* **prefill** as ``generate`` does it: the whole prompt with a KV cache, logits of the last token only;
+* **decode**: mean latency of one new token at that context (KV cache, ``decode_tokens`` greedy steps);
+* **attention share**: seconds spent inside the registered attention function over the prefill's total;
+* **peak memory** of the first prefill (rise of peak RSS, see ``bench.kernels``);
+* **routing**: per layer, the largest group's share of tokens and the group-part cost ``sum_g n_g(n_g+1)/2`` over the
+  balanced value, and the cost-model ratio ``T(T+1)/2 / (sum_g n_g(n_g+1)/2 + T*w)`` of the learned routing;
+* **kernel at real vs random routing**: the attention kernel alone on the model's shapes, once with every layer's
+  learned membership and once with random balanced membership of the same K and top-k (same q/k/v), so the loss
+  from imbalance is measured, not guessed.
+"""
+from __future__ import annotations
+
+import logging
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .._io import write_json
+from .kernels import _PeakRSS, random_membership
+
+log = logging.getLogger("focusattn")
+SCHEMA = "focusattn.model_bench/1"
+
+
+class _AttentionClock:
+    """Wraps an attention function and adds up the seconds spent in it (CPU: synchronous, so wall time is right)."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        if out[0].is_cuda:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _install_clock(model, name: str, fn) -> _AttentionClock:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    clock = _AttentionClock(fn)
+    AttentionInterface.register(name, clock)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    return clock
+
+
+@torch.no_grad()
+def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=None):
+    clock.seconds = 0.0
+    t0 = time.perf_counter()
+    if probe is not None:
+        out, peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
+    else:
+        out, peak = model(x, use_cache=True, logits_to_keep=1), None
+    prefill = time.perf_counter() - t0
+    attn = clock.seconds
+    cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    steps = []
+    for _ in range(decode_tokens):
+        t0 = time.perf_counter()
+        out = model(tok, past_key_values=cache, use_cache=True)
+        steps.append(time.perf_counter() - t0)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    return {"prefill_s": prefill, "attention_s": attn, "decode_s": statistics.median(steps) if steps else None,
+            "peak_bytes": peak}
+
+
+def _routing_stats(model, t: int) -> dict:
+    from ..hf import routers
+
+    layers = []
+    for r in routers(model):
+        m = r.group_index.membership if r.group_index is not None else r.cache.membership
+        n = m[0, :t].sum(0).double()
+        k_groups, top_k = m.shape[-1], int(m[0, 0].sum())
+        balanced = k_groups * (top_k * t / k_groups) * (top_k * t / k_groups + 1) / 2
+        group_cost = float((n * (n + 1) / 2).sum())
+        top1 = torch.bincount(r.cache.groups[0, :t].argmax(-1), minlength=k_groups).double()
+        layers.append({"largest_share": float(top1.max() / t), "group_cost_vs_balanced": group_cost / balanced,
+                       "cost_model_ratio": (t * (t + 1) / 2) / (group_cost + t * min(r.cfg.window, t))})
+    return {"layers": layers,
+            "max_largest_share": max(x["largest_share"] for x in layers),
+            "max_group_cost_vs_balanced": max(x["group_cost_vs_balanced"] for x in layers),
+            "mean_cost_model_ratio": statistics.mean(x["cost_model_ratio"] for x in layers)}
+
+
+@torch.no_grad()
+def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
+    """The Focus kernel alone on the model's attention shapes: learned membership of every layer vs random."""
+    from ..hf import focus_config, routers
+    from ..kernels.sink import focus_attention_with_sinks
+
+    cfg = focus_config(model)
+    c = model.config
+    hq, hkv = c.num_attention_heads, getattr(c, "num_key_value_heads", c.num_attention_heads)
+    d = getattr(c, "head_dim", None) or c.hidden_size // hq
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, h, t, d, generator=g) for h in (hq, hkv, hkv))
+    real = [(r.group_index.membership if r.group_index is not None else r.cache.membership)[:1, :t].clone()
+            for r in routers(model)]
+    rand = [random_membership(t, cfg.num_groups, cfg.top_k, seed + i) for i in range(len(real))]
+    times = {"real": [], "random": []}
+    for _ in range(repeats):
+        for name, ms in (("real", real), ("random", rand)):
+            t0 = time.perf_counter()
+            for m in ms:
+                focus_attention_with_sinks(q, k, v, m, cfg.window, sink=cfg.sink_tokens)
+            times[name].append(time.perf_counter() - t0)
+    real_s, rand_s = statistics.median(times["real"]), statistics.median(times["random"])
+    return {"real_s": real_s, "random_s": rand_s, "real_over_random_speed": rand_s / real_s}
+
+
+def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
+                    data: str = "shakespeare", repeats: int = 2, decode_tokens: int = 8, kernel_repeats: int = 1,
+                    threads: int | None = None, command: str | None = None, progress: bool = True) -> dict:
+    """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing."""
+    from tqdm.auto import tqdm
+
+    from ..adapters import resolve
+    from ..data.corpora import load_corpus
+    from ..data.tokens import tokenize
+    from ..hf import focus_config, load_adapter, load_model, set_top_k
+    from ..hf.attention_fn import focus_attention_forward
+    from ..hf.io import read_adapter_config
+
+    adapter_dir = resolve(adapter)
+    meta = read_adapter_config(adapter_dir)
+    k_groups = meta["focus_config"]["num_groups"]
+    bad = [k for k in top_ks if not 1 <= int(k) <= k_groups]
+    if bad:
+        raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={k_groups}): allowed 1..{k_groups}")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    base, tok = load_model(model)
+    max_pos = getattr(base.config, "max_position_embeddings", None)
+    lengths = sorted(set(int(t) for t in lengths))
+    if max_pos is not None and lengths[-1] > max_pos:
+        raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
+    focus, _ = load_model(model)
+    load_adapter(focus, adapter_dir)
+    focus.eval()
+    _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)
+    if len(val) < lengths[-1]:
+        raise ValueError(f"{data} validation split has {len(val)} tokens, fewer than length {lengths[-1]}")
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    base_clock = _install_clock(base, "sdpa-timed", sdpa_attention_forward)
+    focus_clock = _install_clock(focus, "focus-timed", focus_attention_forward)
+    probe = _PeakRSS()
+    variants = [("original", base, base_clock, None)] + [(f"top{k}", focus, focus_clock, int(k)) for k in top_ks]
+    results = []
+    warm = torch.as_tensor(val[:min(lengths[0], 256)][None].astype("int64"))
+    for name, m, clock, k in variants:  # first calls allocate and dispatch for the first time: not measured
+        if k is not None:
+            set_top_k(m, k)
+        _prefill_decode(m, warm, 1, clock)
+    for t in lengths:
+        x = torch.as_tensor(val[:t][None].astype("int64"))
+        runs = {name: [] for name, *_ in variants}
+        routing, kernel = {}, {}
+        bar = tqdm(range(repeats), desc=f"bench-model T={t}", disable=not progress)
+        for rep in bar:
+            for name, m, clock, k in variants:
+                if k is not None:
+                    set_top_k(m, k)
+                runs[name].append(_prefill_decode(m, x, decode_tokens, clock, probe if rep == 0 else None))
+                if rep == 0 and k is not None:
+                    set_top_k(m, k)  # a fresh prefill leaves the learned routing of exactly T tokens
+                    with torch.no_grad():
+                        m(x, use_cache=True, logits_to_keep=1)
+                    routing[name] = _routing_stats(m, t)
+                    kernel[name] = _kernel_real_vs_random(m, t, kernel_repeats)
+        base_row = _summarise(runs["original"])
+        for name, *_ in variants:
+            row = {"T": t, "variant": name, **_summarise(runs[name])}
+            row["prefill_speedup"] = base_row["prefill_s"] / row["prefill_s"]
+            row["decode_speedup"] = (base_row["decode_s"] / row["decode_s"]) if row["decode_s"] else None
+            row["attention_speedup"] = base_row["attention_s"] / row["attention_s"] if row["attention_s"] else None
+            if name in routing:
+                row["routing"] = routing[name]
+                row["kernel"] = kernel[name]
+            results.append(row)
+    doc = {"schema": SCHEMA, "command": command, "model": model, "adapter": str(adapter), "data": data,
+           "focus_config": focus_config(focus).to_dict(), "repeats": repeats, "decode_tokens": decode_tokens,
+           "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
+           "processor": platform.processor() or platform.machine(), "results": results}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "model_bench.json", doc)
+    plot_model_bench(doc, out / "model_bench.png")
+    return doc
+
+
+def _summarise(runs: list[dict]) -> dict:
+    med = lambda key: statistics.median(r[key] for r in runs) if runs[0][key] is not None else None  # noqa: E731
+    return {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
+            "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"]}
+
+
+def plot_model_bench(doc: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    variants = [v for v in dict.fromkeys(r["variant"] for r in doc["results"]) if v != "original"]
+    for v in variants:
+        rows = [r for r in doc["results"] if r["variant"] == v]
+        ts = [r["T"] for r in rows]
+        axes[0].plot(ts, [r["prefill_speedup"] for r in rows], "o-", label=v)
+        axes[1].plot(ts, [r["decode_speedup"] for r in rows], "o-", label=v)
+    for ax, title in zip(axes, ("prefill speed-up vs original", "decode-step speed-up vs original")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context T (tokens)")
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle(f"{doc['model']} + {Path(doc['adapter']).name}: whole model, learned routing")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

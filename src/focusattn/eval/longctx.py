@@ -1,0 +1,154 @@
+"""Long-context quality of a trained Focus adapter against the original model and training-free baselines at the same
+kept-pair budget: perplexity on held-out windows, repeat-copy perplexity and passkey accuracy at each length.
+
+Variants (all on the same inputs):
+
+* ``original``: the pretrained model, full attention;
+* ``soft``, ``top{k}``: the adapter's soft gate and hard top-k routing (exact sparse kernels);
+* ``sliding@top{k}``: window + first token (StreamingLLM-style) with the window chosen so it keeps at least the share
+  of causal pairs that the adapter's top-k keeps at that length on that text (measured, per length);
+* ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k;
+* ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training.
+
+The baselines show whether the trained router earns its place; the probes (``eval.probes``) show where sparse
+attention loses most: long-range copying and retrieval.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .._io import write_json
+from .perplexity import perplexity
+from .probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
+
+SCHEMA = "focusattn.long_eval/1"
+BASELINES = ("sliding", "random", "untrained")
+
+
+@torch.no_grad()
+def pairs_kept(model, tokens: np.ndarray) -> float:
+    """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers."""
+    from ..hf import routers
+    from ..kernels.reference import focus_allowed, sink_key_mask
+
+    x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[None])
+    model(x, logits_to_keep=1)
+    t = x.shape[1]
+    shares = []
+    for r in routers(model):
+        m = r.group_index.membership if r.group_index is not None else r.cache.membership
+        kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, r.cfg.sink_tokens)).sum().item()
+        shares.append(kept / (t * (t + 1) / 2))
+    return statistics.mean(shares)
+
+
+def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
+                  soft: bool = True, soft_max_len: int = 4096, baselines=BASELINES, data: str = "shakespeare", ood_data: str | None = "lee-news",
+                  ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
+                  passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024, threads: int | None = None,
+                  command: str | None = None, progress: bool = True) -> dict:
+    """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
+    needs ``ppl_windows`` windows of each length); the probes run at every length."""
+    from ..adapters import resolve
+    from ..data.corpora import load_corpus
+    from ..data.tokens import check_length, eval_windows, tokenize
+    from ..focus.config import FocusConfig
+    from ..hf import compose, focus_config, load_adapter, load_model, set_top_k
+    from ..hf.baselines import restore, sliding_sink, window_for_budget
+    from ..hf.io import read_adapter_config
+
+    adapter_dir = resolve(adapter)
+    cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
+    bad = [b for b in baselines if b not in BASELINES]
+    if bad:
+        raise ValueError(f"unknown baseline(s) {bad}: allowed {list(BASELINES)}")
+    bad = [k for k in top_ks if not 1 <= k <= cfg.num_groups]
+    if bad:
+        raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={cfg.num_groups})")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    base, tok = load_model(model)
+    max_pos = getattr(base.config, "max_position_embeddings", None)
+    lengths = sorted(set(int(t) for t in lengths))
+    if max_pos is not None and lengths[-1] > max_pos:
+        raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
+    corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
+    val = {}
+    for split, name in corpora.items():
+        val[split] = tokenize(load_corpus(name), tok, tokenizer_id=model)[1]
+        check_length(val[split], lengths[-1], f"{name} validation split")
+
+    focus, _ = load_model(model)
+    load_adapter(focus, adapter_dir)
+    focus.eval()
+    others = {}
+    if "random" in baselines:
+        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random"))
+    if "untrained" in baselines:
+        torch.manual_seed(0)
+        others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None))
+
+    def variants(t: int, budget: dict):
+        """(name, model, setup) triples for length ``t``; ``setup()`` puts the model in that variant's state."""
+        out = [("original", base, lambda: restore(base))]
+        if soft and t <= soft_max_len:  # the soft gate is dense O(T^2) in memory: a training form, not a serving one
+            out.append(("soft", focus, lambda: set_top_k(focus, None)))
+        for k in top_ks:
+            out.append((f"top{k}", focus, lambda k=k: set_top_k(focus, k)))
+        for k in top_ks:
+            if "sliding" in baselines:
+                w = window_for_budget(t, budget[k], cfg.sink_tokens)
+                out.append((f"sliding@top{k}", base, lambda w=w: sliding_sink(base, w, cfg.sink_tokens)))
+            for b, m in others.items():
+                out.append((f"{b}@top{k}", m, lambda m=m, k=k: set_top_k(m, k)))
+        return out
+
+    rows = []
+    for t in lengths:
+        budget = {}
+        for k in top_ks:
+            set_top_k(focus, k)
+            budget[k] = pairs_kept(focus, val["domain"][:t])
+        tests = {}
+        if t <= ppl_max_len:
+            for split in val:
+                tests[f"ppl_{split}"] = eval_windows(val[split], t, ppl_windows)
+        filler = val.get("ood", val["domain"])
+        tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
+        distance = min(repeat_distance, t // 2)
+        tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
+        for name, m, setup in variants(t, budget):
+            setup()
+            row = {"T": t, "variant": name}
+            if name.startswith("top") or "@" in name:
+                k = int(name.split("top")[-1])
+                row["budget_pairs_kept"] = budget[k]
+                if name.startswith("sliding"):
+                    row["window"] = base.config._focus_sliding[0]
+            for key, inputs in tests.items():
+                desc = f"T={t} {name} {key}"
+                if key.startswith("ppl_"):
+                    row[key] = perplexity(m, inputs, desc=desc, progress=progress)["ppl"]
+                elif key == "passkey":
+                    row["passkey"] = passkey_accuracy(m, inputs, desc=desc, progress=progress)
+                else:
+                    row["repeat_ppl"] = repeat_copy_ppl(m, inputs, desc=desc, progress=progress)["ppl"]
+            rows.append(row)
+            if progress:
+                print({k: v for k, v in row.items() if k != "passkey"} | {"passkey": row["passkey"]["accuracy"]},
+                      flush=True)
+        restore(base)
+    doc = {"schema": SCHEMA, "command": command, "model": model, "adapter": str(adapter),
+           "focus_config": focus_config(focus).to_dict(), "corpora": corpora, "ppl_windows": ppl_windows,
+           "passkey": {"depths": list(passkey_depths), "per_depth": passkey_per_depth,
+                       "filler": corpora.get("ood", data)},
+           "repeat": {"n": repeat_n, "distance": repeat_distance}, "results": rows}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "long_eval.json", doc)
+    return doc
