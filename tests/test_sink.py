@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels.reference import dense_focus_attention, sink_key_mask
-from focusattn.kernels.sink import focus_attention_with_sinks
+from focusattn.kernels.api import focus_attention
 from focusattn.kernels.soft import soft_focus_attention
 
 
@@ -32,7 +32,7 @@ def test_sinks_fast_equals_dense(seed, b, gqa, tk, decode, k, window, sink, pad,
         kpm = torch.ones(b, tk, dtype=torch.bool)
         kpm[0, : tk // 3] = False  # left padding in the first row
     ref = dense_focus_attention(q, kk, v, member, window, key_padding_mask=kpm, sink=sink)
-    out = focus_attention_with_sinks(q, kk, v, member, window, sink=sink, key_padding_mask=kpm, backend=backend)
+    out = focus_attention(q, kk, v, member, window, sink=sink, key_padding_mask=kpm, backend=backend)
     rows = torch.ones(b, tq, dtype=torch.bool) if kpm is None else kpm[:, tk - tq:]
     assert (out - ref)[rows[:, None, :, None].expand_as(out)].abs().max().item() <= 1e-5
 
@@ -45,7 +45,7 @@ def test_sink_gradients_match_dense():
         if fn == "dense":
             out = dense_focus_attention(*ts, member, 3, sink=2)
         else:
-            out = focus_attention_with_sinks(*ts, member, 3, sink=2, backend="decomposed")
+            out = focus_attention(*ts, member, 3, sink=2, backend="decomposed")
         (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
         grads.append([t.grad for t in ts])
     for a, b in zip(*grads):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention, focus_attention_with_sinks
+from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention
 
 
 def _membership(b, t, k, top_k, seed):
@@ -95,7 +95,7 @@ def test_sinks_and_auto_pass_the_index_through():
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
     idx = GroupIndex(m)
     ref = dense_focus_attention(q, k, v, m, 4, sink=2)
-    torch.testing.assert_close(focus_attention_with_sinks(q, k, v, m, 4, sink=2, group_index=idx), ref,
+    torch.testing.assert_close(focus_attention(q, k, v, m, 4, sink=2, group_index=idx), ref,
                                atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(focus_attention(q, k, v, m, 4, group_index=idx),
                                focus_attention(q, k, v, m, 4), atol=1e-6, rtol=1e-6)

@@ -2,7 +2,7 @@
 
 Every fast path has a dense reference twin in :mod:`.reference` and is tested against it (outputs and gradients).
 """
-from .api import focus_attention, validate_focus_inputs
+from .api import focus_attention, focus_attention_with_sinks, validate_focus_inputs
 from .backends import BACKENDS
 from .decode import focus_decode_attention, focus_key_indices
 from .decomposed import decomposed_focus_attention
@@ -10,7 +10,6 @@ from .flex import flex_focus_attention, focus_block_mask, focus_mask_mod
 from .group_index import GroupIndex
 from .lse import merge_pair, merge_partials
 from .reference import dense_focus_attention, focus_allowed, masked_attention, sink_key_mask
-from .sink import focus_attention_with_sinks
 from .soft import soft_focus_attention
 
 __all__ = ["BACKENDS", "GroupIndex", "decomposed_focus_attention", "dense_focus_attention", "flex_focus_attention",
