@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels import decode as decode_mod
-from focusattn.kernels import decomposed as dec_mod
+from focusattn.kernels.decomposed import plan as plan_mod
 from focusattn.kernels.api import focus_attention
 from focusattn.kernels.decode import focus_key_indices
 from focusattn.kernels.decomposed import decomposed_focus_attention
@@ -122,8 +122,8 @@ def test_shared_pair_counted_once_top2():
 
 def test_chunk_boundaries(monkeypatch):
     """Tiny chunk budgets force many row chunks, band chunks and decode chunks through the same shapes."""
-    monkeypatch.setattr(dec_mod, "CHUNK_ELEMS", 64)
-    monkeypatch.setattr(dec_mod, "BAND_BLOCK", 4)
+    monkeypatch.setattr(plan_mod, "CHUNK_ELEMS", 64)
+    monkeypatch.setattr(plan_mod, "BAND_BLOCK", 4)
     monkeypatch.setattr(decode_mod, "GATHER_ELEMS", 64)
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 45, 8, generator=gen, requires_grad=True)
