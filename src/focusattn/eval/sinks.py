@@ -14,13 +14,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .._io import write_json
+from ..kernels.common import in_window
 
 
 def static_masks(t: int, window: int, groups: int, sink: int, seed: int = 0) -> dict[str, torch.Tensor]:
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None]
     causal = j <= i
-    local = causal & (i - j <= window)
+    local = in_window(i - j, window)
     g = torch.randint(0, groups, (t,), generator=torch.Generator().manual_seed(seed))
     grouped = local | (causal & (g[:, None] == g[None]))
     first = causal & (j < sink)

@@ -10,7 +10,8 @@ import shlex
 import sys
 from dataclasses import replace
 
-from .config import ATTENTIONS, PRESETS, TAU_MODES, get_preset
+from ..lazy.config import TAU_MODES
+from .config import ATTENTIONS, PRESETS, get_preset
 
 
 def _model_overrides(args) -> dict:

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..lazy.config import IMPLS as LAZY_IMPLS
+from ..lazy.config import TAU_MODES
+
 ATTENTIONS = ("standard", "lazy", "lazy-no-bias", "elastic-only", "focus", "sliding")
 # RoPE base per variant when ModelConfig.rope_base is None. The Lazy variants use the "larger base" the paper asks for
 # (see LazyConfig.rope_base); elastic-only keeps the standard base, so lazy-no-bias vs elastic-only isolates the base.
 DEFAULT_ROPE_BASE = {"standard": 10000.0, "sliding": 10000.0, "focus": 10000.0, "elastic-only": 10000.0,
                      "lazy": 100000.0, "lazy-no-bias": 100000.0}
-TAU_MODES = ("nonneg", "free")
-KERNEL_IMPLS = ("reference", "chunked")
 
 
 def _bad(cls, name, value, allowed):
@@ -28,8 +29,9 @@ class ModelConfig:
 
     block_size: training context length. max_seq_len: RoPE cache length (and the longest evaluation), 4x block_size
         by default so the 2x/4x extrapolation evaluations fit.
-    window: local window of ``sliding`` (keys with ``0 <= i - j < window``) and of ``focus`` (pairs within it are never
-        gated).
+    window: local window. ``sliding`` sees ``window`` keys (``0 <= i - j < window``, transformers'
+        ``sliding_window`` convention); ``focus`` never gates pairs with ``0 <= i - j <= window`` (Focus's convention,
+        ``kernels.common.in_window``), i.e. ``window + 1`` keys. Kept as measured in docs/RESULTS.md.
     lazy_impl: Elastic-Softmax kernel of the Lazy variants. The lab uses the dense oracle: at T <= 512 it costs about
         what the chunked path does (both measured ~35-40 ms fwd+bwd at 16x4x128x32 on one CPU thread) and the two
         agree to float rounding.
@@ -71,8 +73,8 @@ class ModelConfig:
             _bad(c, "bias_window", self.bias_window, "None (= block_size) or an integer >= 1")
         if self.tau_mode not in TAU_MODES:
             _bad(c, "tau_mode", self.tau_mode, TAU_MODES)
-        if self.lazy_impl not in KERNEL_IMPLS:
-            _bad(c, "lazy_impl", self.lazy_impl, KERNEL_IMPLS)
+        if self.lazy_impl not in LAZY_IMPLS:
+            _bad(c, "lazy_impl", self.lazy_impl, LAZY_IMPLS)
 
     @property
     def seq_cache(self) -> int:

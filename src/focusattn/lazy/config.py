@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-TAU_MODES = ("nonneg", "free")
-BIAS_INITS = ("zeros", "normal")
-BIAS_BEYOND = ("zero", "clamp")
-IMPLS = ("reference", "chunked")
+from ..kernels.elastic import BIAS_BEYOND, IMPLS  # names defined by the kernel that implements them
+
+TAU_MODES = ("nonneg", "free")  # implemented by attention.LazyAttention
+BIAS_INITS = ("zeros", "normal")  # implemented by bias.DistanceBias
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..focus.config import BACKENDS, GATES, ROUTINGS, FocusConfig
+from ..focus.config import ROUTINGS, FocusConfig
+from ..kernels.backends import BACKENDS
+from ..kernels.soft import GATES
 from .retrofit import RetrofitConfig
 
 
