@@ -15,10 +15,6 @@ COMMANDS = [
 ]
 
 
-def _int_list(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="focusattn", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")

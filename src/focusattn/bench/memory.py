@@ -49,7 +49,7 @@ class PeakRSS:
 # matter: "heap" = mmap threshold 32 MiB, trim threshold 64 MiB (glibc's dynamic maximum, where a long-running
 # process ends up: freed temporaries are reused), "mmap" = 128 KiB (as pinned by the memory probe of the prefill
 # run: every temporary of >= 128 KiB is fresh zeroed pages). Left to glibc's dynamic threshold, the result depends
-# on what ran before (measured: the scan path's step went from ~3 to ~12 ms with the order of the other kernels).
+# on what ran before (the order of the other kernels).
 MALLOC_REGIMES = (("heap", 32 << 20), ("mmap", 128 << 10))
 
 

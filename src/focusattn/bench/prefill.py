@@ -56,8 +56,8 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
     ``flex_groups``: run flex only for these K (compiled flex costs about full attention here, as random routing
     leaves no 128x128 block empty, so it dominates the wall clock); None = every K.
     ``threads``: torch intra-op threads for the run (None = leave as is). On a machine shared with other jobs use 1:
-    with more OpenMP threads than free cores every parallel op can stall for a scheduler slice (~10 ms measured
-    here), which penalises kernels made of many ops far more than one big fused call.
+    with more OpenMP threads than free cores every parallel op can stall for a scheduler slice, which penalises
+    kernels made of many ops far more than one big fused call.
     """
     from tqdm.auto import tqdm
 

@@ -31,10 +31,9 @@ class ModelConfig:
         by default so the 2x/4x extrapolation evaluations fit.
     window: local window. ``sliding`` sees ``window`` keys (``0 <= i - j < window``, transformers'
         ``sliding_window`` convention); ``focus`` never gates pairs with ``0 <= i - j <= window`` (Focus's convention,
-        ``kernels.common.in_window``), i.e. ``window + 1`` keys. Kept as measured in docs/RESULTS.md.
-    lazy_impl: Elastic-Softmax kernel of the Lazy variants. The lab uses the dense oracle: at T <= 512 it costs about
-        what the chunked path does (both measured ~35-40 ms fwd+bwd at 16x4x128x32 on one CPU thread) and the two
-        agree to float rounding.
+        ``kernels.common.in_window``), i.e. ``window + 1`` keys. (The lab's results were measured so.)
+    lazy_impl: Elastic-Softmax kernel of the Lazy variants. The lab uses the dense oracle: at the lab's short
+        contexts it costs about what the chunked path does, and the two agree to float rounding.
     bias_window: Lazy bias table width W; None = block_size (longer distances are never seen in training, so a wider
         table would only hold untrained entries; past W the bias is 0).
     """
@@ -150,7 +149,7 @@ PRESETS: dict[str, Preset] = {
     "lab-long": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
                        TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
                                    ckpt_interval=250),
-                       note="preset lab with 2000 steps (~4M tokens), ~7 minutes per run"),
+                       note="preset lab with 2000 steps (~4M tokens)"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,

@@ -29,7 +29,7 @@ def _converted_dir(alias: str) -> Path:
 
 
 def _convert_gguf(alias: str) -> Path:
-    """De-quantise the GGUF once to an fp32 safetensors folder (~25 s), so later loads take about a second."""
+    """De-quantise the GGUF once to an fp32 safetensors folder, so later loads skip the conversion."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = ALIASES[alias]
