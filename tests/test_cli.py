@@ -53,7 +53,7 @@ def test_retrofit_end_to_end_and_resume(tmp_path, tiny_dir, capsys):
     assert "trainable parameters" in capsys.readouterr().out
     assert set(s["pairs_kept"]) == {"top1", "top2"} and 0 < s["pairs_kept"]["top1"] < s["pairs_kept"]["top2"] <= 1
     rc = main(["groups", "--model", str(tiny_dir / "model"), "--adapter", str(out / "adapter"), "--data",
-               str(tiny_dir / "corpus"), "--out", str(out), "--seq-len", "48", "--windows", "1", "--layers", "1",
+               str(tiny_dir / "corpus"), "--out", str(out), "--seq-len", "48", "--eval-windows", "1", "--layers", "1",
                "--update-summary", str(out / "summary.json")])
     g = json.loads((out / "groups.json").read_text())
     assert rc == 0 and len(g["top_tokens"]["1"]) == 4 and g["pairs_kept"]["top1"] > 0

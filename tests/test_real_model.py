@@ -60,6 +60,6 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         assert trainable == 30 * (576 * 16 + 8 * 16)
     finally:
-        fa.decompose(model)
+        fa.unload(model)
     with torch.no_grad():
         assert torch.equal(model(x).logits, ref)

@@ -48,9 +48,13 @@ def test_only_routers_train_and_weights_stay_bit_identical(arch):
             assert torch.equal(p, before[n]), n
     changed = [r.proj.weight for r in routers(m)]
     assert all(w.abs().sum() > 0 for w in changed)
-    fa.decompose(m)
+    fa.unload(m)
     assert {n for n, _ in m.named_parameters()} == set(before)
     assert all(p.requires_grad for p in m.parameters())
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=4))
+    with pytest.warns(DeprecationWarning, match="unload"):  # the old name still works
+        fa.decompose(m)
+    assert {n for n, _ in m.named_parameters()} == set(before)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
