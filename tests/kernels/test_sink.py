@@ -1,22 +1,11 @@
 """Attention sinks: the fast path (any backend + exact LSE merge) equals the dense reference mask."""
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from focusattn.kernels.reference import dense_focus_attention, sink_key_mask
 from focusattn.kernels.api import focus_attention
-from focusattn.kernels.soft import soft_focus_attention
-
-
-def _case(seed, b, hq, hkv, tq, tk, k, top_k, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, tq, 8, generator=g, dtype=dtype)
-    kk = torch.randn(b, hkv, tk, 8, generator=g, dtype=dtype)
-    v = torch.randn(b, hkv, tk, 8, generator=g, dtype=dtype)
-    scores = torch.randn(b, tk, k, generator=g)
-    member = torch.zeros(b, tk, k, dtype=torch.bool).scatter_(-1, scores.topk(top_k, -1).indices, True)
-    return q, kk, v, member
+from focusattn.kernels.reference import dense_focus_attention, sink_key_mask
+from tests.conftest import focus_case as _case
 
 
 @settings(max_examples=30, deadline=None)
@@ -56,42 +45,3 @@ def test_sink_mask_counts_real_tokens_only():
     kpm = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
     assert sink_key_mask(5, 2, kpm).tolist() == [[False, False, True, True, False], [True, True, False, False, False]]
     assert sink_key_mask(5, 0) is None
-
-
-def test_soft_gate_never_gates_sinks():
-    q, kk, v, member = _case(1, 1, 2, 2, 24, 24, 3, 1)
-    hard = dense_focus_attention(q, kk, v, member, 4, sink=1)
-    soft = soft_focus_attention(q, kk, v, member.float(), 4, lam=80.0, offset=0.5, gate="log",
-                                sink_keys=sink_key_mask(24, 1))
-    assert (soft - hard).abs().max() < 1e-5
-
-
-def test_sink_tokens_in_model_generation_fast_equals_dense():
-    import focusattn as fa
-    from focusattn.hf import routers
-
-    from .hf.tiny import V, tiny_model
-
-    m = tiny_model("llama")
-    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, backend="decomposed", sink_tokens=1))
-    for r in routers(m):
-        with torch.no_grad():
-            r.proj.weight.mul_(50)
-    m.eval()
-    x = torch.randint(1, V, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        fast = m.generate(x, max_new_tokens=10, do_sample=False, pad_token_id=0)
-        fa.set_top_k(m, 1, backend="dense")
-        dense = m.generate(x, max_new_tokens=10, do_sample=False, pad_token_id=0)
-        seq = x
-        for _ in range(10):
-            seq = torch.cat([seq, m(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(fast, dense) and torch.equal(dense, seq)
-
-
-@pytest.mark.parametrize("bad", [-1, 1.5])
-def test_sink_tokens_validation(bad):
-    import focusattn as fa
-
-    with pytest.raises(ValueError, match="sink_tokens"):
-        fa.FocusConfig(sink_tokens=bad)
