@@ -5,6 +5,7 @@ from focusattn.cli import main
 
 
 def test_sink_probe(tmp_path, tiny_dir):
+    # (--windows: the old, hidden spelling of --eval-windows, still accepted)
     rc = main(["sinks", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--out",
                str(tmp_path), "--seq-len", "48", "--windows", "1", "--window", "8", "--groups", "3"])
     assert rc == 0

@@ -252,3 +252,11 @@ def test_auto_logs_choice_once(caplog):
     msgs = [r for r in caplog.records if "backend='auto'" in r.getMessage()]
     assert len(msgs) == 1 and "decomposed" in msgs[0].getMessage()
     assert torch.equal(a, focus_attention(q, k, v, memb, 2, backend="decomposed"))
+
+
+def test_assert_close_reports_relative_error():
+    from tests.conftest import assert_close
+
+    assert_close(torch.ones(3), torch.ones(3) + 1e-7)
+    with pytest.raises(AssertionError, match=r"max relative error 5\.000e-01"):
+        assert_close(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0]), name="x")

@@ -4,7 +4,7 @@ import torch
 
 import focusattn.kernels as fa_kernels
 from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention
-from tests.conftest import random_membership
+from tests.conftest import assert_close, random_membership
 
 
 def _assert_same_index(a, b):
@@ -52,16 +52,16 @@ def test_indexed_decode_matches_dense(top_k, window, tq):
     out, lse = focus_attention(q, kk, v, m, window, key_padding_mask=kpm, group_index=idx, return_lse=True,
                                backend="decomposed")
     ref, ref_lse = dense_focus_attention(q, kk, v, m, window, key_padding_mask=kpm, return_lse=True)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
     go = torch.randn_like(out)
     g1 = torch.autograd.grad((out * go).sum() + lse.sum(), (q, kk, v))
     g2 = torch.autograd.grad((ref * go).sum() + ref_lse.sum(), (q, kk, v))
     for a, r in zip(g1, g2):
-        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+        assert_close(a, r, atol=1e-5, rtol=1e-5)
     # the index's own membership view can stand in for the concatenated one (and padding needs no other input)
     out2 = focus_attention(q, kk, v, idx.membership, window, key_padding_mask=kpm, group_index=idx)
-    torch.testing.assert_close(out2, ref, atol=1e-5, rtol=1e-5)
+    assert_close(out2, ref, atol=1e-5, rtol=1e-5)
 
 
 def _spy_key_lookups(monkeypatch):
@@ -94,7 +94,7 @@ def test_dense_routing_falls_back_to_the_scan_exactly(monkeypatch):
     assert calls == {"index": 0, "scan": 1}  # the index was not read: the scan ran
     scan = focus_attention(q, k, v, m, 3)  # no index at all
     assert torch.equal(out, scan)  # exactly the scan's result, bit for bit
-    torch.testing.assert_close(out, dense_focus_attention(q, k, v, m, 3), atol=1e-5, rtol=1e-5)
+    assert_close(out, dense_focus_attention(q, k, v, m, 3), atol=1e-5, rtol=1e-5)
 
 
 def test_each_allowed_key_listed_once():
@@ -119,12 +119,12 @@ def test_sinks_and_auto_pass_the_index_through(monkeypatch):
     calls = _spy_key_lookups(monkeypatch)
     with_sinks = focus_attention(q, k, v, m, 4, sink=2, group_index=idx)
     assert calls == {"index": 1, "scan": 0}
-    torch.testing.assert_close(with_sinks, ref, atol=1e-5, rtol=1e-5)
+    assert_close(with_sinks, ref, atol=1e-5, rtol=1e-5)
     auto = focus_attention(q, k, v, m, 4, group_index=idx, backend="auto")
     assert calls == {"index": 2, "scan": 0}
     scanned = focus_attention(q, k, v, m, 4)
     assert calls == {"index": 2, "scan": 1}
-    torch.testing.assert_close(auto, scanned, atol=1e-6, rtol=1e-6)
+    assert_close(auto, scanned, atol=1e-6, rtol=1e-6)
     with pytest.warns(DeprecationWarning, match="sink="):  # the old wrapper still works and passes it through too
         old = fa_kernels.focus_attention_with_sinks(q, k, v, m, 4, sink=2, group_index=idx)
     assert calls["index"] == 3 and torch.equal(old, with_sinks)
