@@ -2,7 +2,7 @@
 typed by hand. matplotlib is imported only when a plot is drawn."""
 from __future__ import annotations
 
-from .._io import atomic_path
+from .._io import atomic_path, pyplot
 
 
 def _ms(seconds):
@@ -105,10 +105,7 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
 
 def plot_bench(doc, path) -> None:
     """Speedup over full SDPA vs T, one panel per top-k, one colour per K; dashed = cost-model prediction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     top_ks = doc["config"]["top_ks"]
     fig, axes = plt.subplots(1, len(top_ks), figsize=(5.5 * len(top_ks), 4.2), squeeze=False)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .._io import write_json
+from .._io import atomic_path, pyplot, write_json
 from ..kernels.common import in_window
 
 
@@ -85,13 +85,7 @@ def run_sink_probe(model_spec: str, data: str, out: str, *, seq_len: int = 512, 
 
 
 def _plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import atomic_path
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     mass = res["sink_mass_per_layer"]
     ax.bar(range(len(mass)), mass, color="tab:red")

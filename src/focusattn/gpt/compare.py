@@ -147,10 +147,7 @@ def _savefig(fig, path: Path) -> None:
 
 
 def plot_compare(cj: dict, out_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _io.pyplot()
 
     out = Path(out_dir)
     paths = []

