@@ -13,7 +13,7 @@ from .._io import write_json
 from ..kernels.decode import focus_decode_attention
 from ..kernels.group_index import GroupIndex
 from .common import COST_MODEL, MEMORY_METHOD, SCHEMA, env, random_membership, timed
-from .memory import MALLOC_REGIMES, set_mmap_threshold
+from .memory import MALLOC_REGIMES, frozen_heap, set_mmap_threshold
 from .targets import evaluate_targets
 
 
@@ -85,6 +85,7 @@ def decode_bench(t, configs, window, heads, kv_heads, head_dim, repeats, seed):
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": out}
 
 
+@frozen_heap
 def run_decode_bench(out_dir, *, groups=(4, 8, 16), top_ks=(1, 2), window=128, heads=9, kv_heads=3, head_dim=64,
                      decode_len=32768, decode_repeats=20, seed=0, threads=None, command=None) -> dict:
     """Only the decode-step timing, merged into ``out_dir/bench.json`` (its prefill results and plot are kept, so

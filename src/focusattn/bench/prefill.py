@@ -31,7 +31,7 @@ from ..kernels.flex import flex_focus_attention, focus_block_mask
 from ..kernels.reference import dense_focus_attention
 from .common import COST_MODEL, MEMORY_METHOD, SCHEMA, env, random_membership, theoretical_ratio, timed
 from .decode import decode_bench
-from .memory import PeakRSS
+from .memory import PeakRSS, frozen_heap
 from .report import plot_bench
 from .targets import evaluate_targets
 
@@ -46,6 +46,7 @@ def _raise_recompile_limit():
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
 
 
+@frozen_heap
 def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), groups=(4, 8, 16), top_ks=(1, 2),
                      window=128, heads=9, kv_heads=3, head_dim=64, repeats=3, quick=False, dense_max_len=4096,
                      flex=True, flex_groups=None, flex_compile=True, decode_len=32768, decode_repeats=20, seed=0,
