@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,gguf,plot]"
 	touch $(STAMP)
 
 # The main job on the offline defaults: retrofit Focus onto SmolLM2-135M with Shakespeare (~15 min on 2 cores).

@@ -10,7 +10,8 @@ _EXPORTS = {
     "FocusConfig": "focusattn.focus",
     "FocusRouter": "focusattn.focus",
     "compose": "focusattn.hf",
-    "decompose": "focusattn.hf",
+    "unload": "focusattn.hf",
+    "decompose": "focusattn.hf",  # deprecated alias of unload
     "set_top_k": "focusattn.hf",
     "save_adapter": "focusattn.hf",
     "load_adapter": "focusattn.hf",
@@ -20,7 +21,7 @@ _EXPORTS = {
     "LazyAttention": "focusattn.lazy",
     "LazyConfig": "focusattn.lazy",
     "lazy_attention": "focusattn.lazy",
-    "focus_attention_with_sinks": "focusattn.kernels",
+    "focus_attention_with_sinks": "focusattn.kernels",  # deprecated: focus_attention(..., sink=n)
     "dense_focus_attention": "focusattn.kernels",
 }
 

@@ -39,3 +39,15 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend; matplotlib is an optional extra (``focusattn[plot]``)."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise RuntimeError("plots need matplotlib: pip install 'focusattn[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

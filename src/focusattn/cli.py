@@ -2,22 +2,20 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import shlex
 import sys
 
+from ._errors import cli_message
+from .analysis import cli as analysis_cli
+from .bench import cli as bench_cli
+from .gpt import cli as gpt_cli
+from .train import cli as train_cli
+
 # Subcommand modules: each exposes ``register(subparsers)`` and sets ``func`` (args -> exit code) on its parser.
-COMMANDS = [
-    "focusattn.train.cli",
-    "focusattn.bench.cli",
-    "focusattn.gpt.cli",
-    "focusattn.eval.long_cli",
-]
+from .eval import long_cli as long_eval_cli
 
-
-def _int_list(s: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in s.split(",") if x)
+COMMANDS = [train_cli, analysis_cli, bench_cli, gpt_cli, long_eval_cli]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
     for mod in COMMANDS:
-        importlib.import_module(mod).register(sub)
+        mod.register(sub)
     return p
 
 
@@ -40,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         if args.verbose:
             raise
-        print(f"focusattn {args.command}: error: {e}", file=sys.stderr)
+        print(f"focusattn {args.command}: error: {cli_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is kept", file=sys.stderr)

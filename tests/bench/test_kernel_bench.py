@@ -8,19 +8,19 @@ from focusattn.bench.report import render_markdown
 
 def test_quick_bench_via_cli_writes_json_plot_and_markdown(tmp_path, capsys):
     out = tmp_path / "bench"
-    assert main(["bench", "--out", str(out), "--quick", "--lengths", "128,256", "--groups", "2", "4",
-                 "--top-k", "1", "2", "--decode-len", "256", "--threads", "1"]) == 0
+    assert main(["bench", "--out", str(out), "--quick", "--lengths", "128", "--groups", "2", "4",
+                 "--top-k", "1", "2", "--decode-len", "128", "--threads", "1"]) == 0
 
     doc = json.loads((out / "bench.json").read_text())
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporaries
     assert doc["schema"] == "focusattn.kernel_bench/1" and doc["config"]["quick"] is True
-    assert doc["config"]["lengths"] == [128, 256] and doc["config"]["groups"] == [2, 4]
+    assert doc["config"]["lengths"] == [128] and doc["config"]["groups"] == [2, 4]
     assert doc["env"]["threads"] == 1
 
     rows = doc["results"]
     assert all(r.get("error") is None for r in rows), [r["error"] for r in rows if r.get("error")]
-    for t in (128, 256):
+    for t in (128,):
         backends = {(r["backend"], r["K"], r["top_k"]) for r in rows if r["T"] == t}
         expected = {("sdpa", None, None)} | {(b, kk, tk) for b in ("decomposed", "flex")
                                              for kk in (2, 4) for tk in (1, 2)}
@@ -38,15 +38,15 @@ def test_quick_bench_via_cli_writes_json_plot_and_markdown(tmp_path, capsys):
     assert all(r["theoretical_ratio"] <= 1.0 for r in full)
 
     dec = doc["decode"]
-    assert dec["T"] == 256 and {r["backend"] for r in dec["results"]} == {"sdpa_cached", "focus_decode",
+    assert dec["T"] == 128 and {r["backend"] for r in dec["results"]} == {"sdpa_cached", "focus_decode",
                                                                           "focus_decode_indexed"}
-    assert all(math.isfinite(r["ratio_vs_sdpa"]) and r["keys_attended"] <= 256 for r in dec["results"])
+    assert all(math.isfinite(r["ratio_vs_sdpa"]) and r["keys_attended"] <= 128 for r in dec["results"])
     assert all(r["max_abs_diff_vs_scan"] <= 1e-5 for r in dec["results"] if r["backend"] == "focus_decode_indexed")
 
     md = render_markdown(doc)
     assert md in capsys.readouterr().out  # the CLI prints the section it renders from the JSON
-    r = next(r for r in rows if r["backend"] == "decomposed" and r["T"] == 256 and r["K"] == 4 and r["top_k"] == 1)
-    assert "| 256 | 4 | 1 |" in md and f"{r['ratio_vs_sdpa']:.2f}×" in md
+    r = next(r for r in rows if r["backend"] == "decomposed" and r["T"] == 128 and r["K"] == 4 and r["top_k"] == 1)
+    assert "| 128 | 4 | 1 |" in md and f"{r['ratio_vs_sdpa']:.2f}×" in md
     assert "bench.png" in md and doc["command"] in md
 
 

@@ -6,7 +6,7 @@ from focusattn.focus.router import FocusRouter, balance_loss
 from focusattn.hf import routers
 from focusattn.train.retrofit import RetrofitConfig, _lam
 
-from ..hf.tiny import V, tiny_model
+from tests.conftest import V, tiny_model
 
 
 def test_balance_loss_is_one_when_balanced_and_k_when_collapsed():

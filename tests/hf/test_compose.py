@@ -4,7 +4,7 @@ import torch
 import focusattn as fa
 from focusattn.hf import routers, update_config
 
-from .tiny import V, tiny_configs, tiny_model
+from tests.conftest import V, tiny_configs, tiny_model
 
 ARCHS = sorted(tiny_configs())
 
@@ -48,9 +48,13 @@ def test_only_routers_train_and_weights_stay_bit_identical(arch):
             assert torch.equal(p, before[n]), n
     changed = [r.proj.weight for r in routers(m)]
     assert all(w.abs().sum() > 0 for w in changed)
-    fa.decompose(m)
+    fa.unload(m)
     assert {n for n, _ in m.named_parameters()} == set(before)
     assert all(p.requires_grad for p in m.parameters())
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=4))
+    with pytest.warns(DeprecationWarning, match="unload"):  # the old name still works
+        fa.decompose(m)
+    assert {n for n, _ in m.named_parameters()} == set(before)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
@@ -216,3 +220,21 @@ def test_activation_checkpointing_gives_the_same_router_gradients():
         offsets.append(torch.cat([r.offsets for r in routers(m)]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
     assert torch.allclose(offsets[0], offsets[1], atol=1e-6)  # recomputation did not update the EMA twice
+
+
+def test_sink_tokens_in_model_generation_fast_equals_dense():
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, backend="decomposed", sink_tokens=1))
+    for r in routers(m):
+        with torch.no_grad():
+            r.proj.weight.mul_(50)
+    m.eval()
+    x = torch.randint(1, V, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fast = m.generate(x, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        fa.set_top_k(m, 1, backend="dense")
+        dense = m.generate(x, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        seq = x
+        for _ in range(10):
+            seq = torch.cat([seq, m(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(fast, dense) and torch.equal(dense, seq)

@@ -6,7 +6,7 @@ import torch
 import focusattn as fa
 from focusattn.hf import routers
 
-from .tiny import V, tiny_model
+from tests.conftest import V, tiny_model
 
 
 def _trained(arch="llama"):

@@ -6,7 +6,7 @@ import torch
 import focusattn as fa
 from focusattn.hf import routers
 
-from .tiny import V, tiny_configs, tiny_model
+from tests.conftest import V, tiny_configs, tiny_model
 
 ARCHS = sorted(tiny_configs())
 CFG = fa.FocusConfig(num_groups=4, group_dim=8, window=4)

@@ -7,19 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels import decode as decode_mod
-from focusattn.kernels import decomposed as dec_mod
+from focusattn.kernels.decomposed import plan as plan_mod
 from focusattn.kernels.api import focus_attention
 from focusattn.kernels.decode import focus_key_indices
 from focusattn.kernels.decomposed import decomposed_focus_attention
 from focusattn.kernels.reference import dense_focus_attention, focus_allowed, masked_attention
+from tests.conftest import random_membership
 
 FAST = ("decomposed", "flex")
-
-
-def random_membership(gen, b, t, k_groups, top_k):
-    """Each token in exactly ``top_k`` distinct random groups (top-k routing)."""
-    order = torch.rand(b, t, k_groups, generator=gen).argsort(-1)[..., :top_k]
-    return torch.zeros(b, t, k_groups, dtype=torch.bool).scatter_(-1, order, True)
 
 
 @st.composite
@@ -40,7 +35,7 @@ def problems(draw, allow_decode=True):
     q = torch.randn(b, hq, tq, d, generator=gen)
     k = torch.randn(b, hkv, tk, d, generator=gen)
     v = torch.randn(b, hkv, tk, d, generator=gen)
-    memb = random_membership(gen, b, tk, k_groups, top_k)
+    memb = random_membership(b, tk, k_groups, top_k, gen=gen)
     kpm = None
     if padded:  # left padding of random length, plus a random hole, like batched generation
         kpm = torch.rand(b, tk, generator=gen) > 0.2
@@ -122,14 +117,14 @@ def test_shared_pair_counted_once_top2():
 
 def test_chunk_boundaries(monkeypatch):
     """Tiny chunk budgets force many row chunks, band chunks and decode chunks through the same shapes."""
-    monkeypatch.setattr(dec_mod, "CHUNK_ELEMS", 64)
-    monkeypatch.setattr(dec_mod, "BAND_BLOCK", 4)
+    monkeypatch.setattr(plan_mod, "CHUNK_ELEMS", 64)
+    monkeypatch.setattr(plan_mod, "BAND_BLOCK", 4)
     monkeypatch.setattr(decode_mod, "GATHER_ELEMS", 64)
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 45, 8, generator=gen, requires_grad=True)
     k = torch.randn(2, 2, 45, 8, generator=gen, requires_grad=True)
     v = torch.randn(2, 2, 45, 8, generator=gen, requires_grad=True)
-    memb = random_membership(gen, 2, 45, 4, 2)
+    memb = random_membership(2, 45, 4, 2, gen=gen)
     kpm = torch.ones(2, 45, dtype=torch.bool)
     kpm[1, :6] = False
     for softcap in (None, 2.0):
@@ -152,7 +147,7 @@ def test_generic_engine_gradcheck_fp64():
     q = torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 1, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 1, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-    memb = random_membership(gen, 1, 9, 3, 2)
+    memb = random_membership(1, 9, 3, 2, gen=gen)
     for softcap in (None, 1.5):
         fn = lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 2, softcap=softcap, return_lse=True)  # noqa
         assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
@@ -179,7 +174,7 @@ def test_varlen_packing_with_reference_varlen():
     q = torch.randn(2, 4, 33, 8, generator=gen)
     k = torch.randn(2, 2, 33, 8, generator=gen)
     v = torch.randn(2, 2, 33, 8, generator=gen)
-    memb = random_membership(gen, 2, 33, 3, 1)
+    memb = random_membership(2, 33, 3, 1, gen=gen)
     out, lse = decomposed_focus_attention(q, k, v, memb, 4, return_lse=True, varlen_fn=fake_varlen)
     ref, ref_lse = dense_focus_attention(q, k, v, memb, 4, return_lse=True)
     assert len(calls) == 1 and calls[0][-1] == 2 * 33  # one packed call, no padding
@@ -208,7 +203,7 @@ def test_decode_one_step_long_context():
     k = torch.randn(1, 3, tk, 16, generator=gen)
     v = torch.randn(1, 3, tk, 16, generator=gen)
     q = torch.randn(1, 9, 1, 16, generator=gen)
-    memb = random_membership(gen, 1, tk, 8, 1)
+    memb = random_membership(1, tk, 8, 1, gen=gen)
     out, lse = focus_attention(q, k, v, memb, 16, backend="decomposed", return_lse=True)
     ref, ref_lse = dense_focus_attention(q, k, v, memb, 16, return_lse=True)
     assert (out - ref).abs().max() <= 1e-5 and (lse - ref_lse).abs().max() <= 1e-5
@@ -257,3 +252,11 @@ def test_auto_logs_choice_once(caplog):
     msgs = [r for r in caplog.records if "backend='auto'" in r.getMessage()]
     assert len(msgs) == 1 and "decomposed" in msgs[0].getMessage()
     assert torch.equal(a, focus_attention(q, k, v, memb, 2, backend="decomposed"))
+
+
+def test_assert_close_reports_relative_error():
+    from tests.conftest import assert_close
+
+    assert_close(torch.ones(3), torch.ones(3) + 1e-7)
+    with pytest.raises(AssertionError, match=r"max relative error 5\.000e-01"):
+        assert_close(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0]), name="x")

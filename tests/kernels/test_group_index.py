@@ -2,13 +2,9 @@
 import pytest
 import torch
 
-from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention, focus_attention_with_sinks
-
-
-def _membership(b, t, k, top_k, seed):
-    g = torch.Generator().manual_seed(seed)
-    order = torch.rand(b, t, k, generator=g).argsort(-1)[..., :top_k]
-    return torch.zeros(b, t, k, dtype=torch.bool).scatter_(-1, order, True)
+import focusattn.kernels as fa_kernels
+from focusattn.kernels import GroupIndex, dense_focus_attention, focus_attention
+from tests.conftest import assert_close, random_membership
 
 
 def _assert_same_index(a, b):
@@ -20,7 +16,7 @@ def _assert_same_index(a, b):
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_prefill_plus_appends_equals_from_scratch(top_k):
-    m = _membership(2, 300, 4, top_k, seed=top_k)
+    m = random_membership(2, 300, 4, top_k, seed=top_k)
     idx = GroupIndex(m[:, :5])  # small start: forces several capacity doublings
     for a, b in [(5, 6), (6, 40), (40, 41), (41, 41), (41, 250), (250, 300)]:
         idx.append(m[:, a:b])
@@ -42,7 +38,7 @@ def test_prefill_plus_appends_equals_from_scratch(top_k):
 def test_indexed_decode_matches_dense(top_k, window, tq):
     torch.manual_seed(100 * top_k + window + tq)
     b, hq, hkv, t, d, k = 2, 4, 2, 192, 8, 16
-    m = _membership(b, t, k, top_k, seed=window + top_k)
+    m = random_membership(b, t, k, top_k, seed=window + top_k)
     assert top_k * int(m.sum(1).max()) < t  # the lists are shorter than Tk: the index is used, not the scan
     kpm = torch.ones(b, t, dtype=torch.bool)
     kpm[1, :11] = False  # left padding in the second row
@@ -56,30 +52,54 @@ def test_indexed_decode_matches_dense(top_k, window, tq):
     out, lse = focus_attention(q, kk, v, m, window, key_padding_mask=kpm, group_index=idx, return_lse=True,
                                backend="decomposed")
     ref, ref_lse = dense_focus_attention(q, kk, v, m, window, key_padding_mask=kpm, return_lse=True)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
     go = torch.randn_like(out)
     g1 = torch.autograd.grad((out * go).sum() + lse.sum(), (q, kk, v))
     g2 = torch.autograd.grad((ref * go).sum() + ref_lse.sum(), (q, kk, v))
     for a, r in zip(g1, g2):
-        torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+        assert_close(a, r, atol=1e-5, rtol=1e-5)
     # the index's own membership view can stand in for the concatenated one (and padding needs no other input)
     out2 = focus_attention(q, kk, v, idx.membership, window, key_padding_mask=kpm, group_index=idx)
-    torch.testing.assert_close(out2, ref, atol=1e-5, rtol=1e-5)
+    assert_close(out2, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_dense_routing_falls_back_to_the_scan_exactly():
+def _spy_key_lookups(monkeypatch):
+    """Count how each decode step found its keys: through the index, or by scanning every key's membership."""
+    import focusattn.kernels.decode as decode_mod
+
+    calls = {"index": 0, "scan": 0}
+    index_lookup, scan_lookup = GroupIndex.key_indices, decode_mod.focus_key_indices
+
+    def by_index(self, *a, **kw):
+        calls["index"] += 1
+        return index_lookup(self, *a, **kw)
+
+    def by_scan(*a, **kw):
+        calls["scan"] += 1
+        return scan_lookup(*a, **kw)
+
+    monkeypatch.setattr(GroupIndex, "key_indices", by_index)
+    monkeypatch.setattr(decode_mod, "focus_key_indices", by_scan)
+    return calls
+
+
+def test_dense_routing_falls_back_to_the_scan_exactly(monkeypatch):
     """Top-3 of 4 groups: the query's lists are longer than the cache, so the decode path scans instead."""
     torch.manual_seed(1)
-    m = _membership(2, 80, 4, 3, seed=5)
+    m = random_membership(2, 80, 4, 3, seed=5)
     q, k, v = torch.randn(2, 4, 2, 8), torch.randn(2, 2, 80, 8), torch.randn(2, 2, 80, 8)
+    calls = _spy_key_lookups(monkeypatch)
     out = focus_attention(q, k, v, m, 3, group_index=GroupIndex(m))
-    torch.testing.assert_close(out, dense_focus_attention(q, k, v, m, 3), atol=1e-5, rtol=1e-5)
+    assert calls == {"index": 0, "scan": 1}  # the index was not read: the scan ran
+    scan = focus_attention(q, k, v, m, 3)  # no index at all
+    assert torch.equal(out, scan)  # exactly the scan's result, bit for bit
+    assert_close(out, dense_focus_attention(q, k, v, m, 3), atol=1e-5, rtol=1e-5)
 
 
 def test_each_allowed_key_listed_once():
     """Top-3 of 4 groups: most keys share two or three groups with the query; the list must hold each once."""
-    m = _membership(1, 200, 4, 3, seed=9)
+    m = random_membership(1, 200, 4, 3, seed=9)
     idx = GroupIndex(m)
     keys, valid = idx.key_indices(torch.tensor([199]), 7)
     got = keys[valid].tolist()
@@ -89,20 +109,29 @@ def test_each_allowed_key_listed_once():
     assert sorted(got) == torch.nonzero(allowed).flatten().tolist()
 
 
-def test_sinks_and_auto_pass_the_index_through():
+def test_sinks_and_auto_pass_the_index_through(monkeypatch):
+    """With sinks and with backend 'auto', a decode step still reads its keys from the index (and is right)."""
     torch.manual_seed(0)
-    m = _membership(1, 64, 4, 1, seed=3)
+    m = random_membership(1, 64, 4, 1, seed=3)
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
     idx = GroupIndex(m)
     ref = dense_focus_attention(q, k, v, m, 4, sink=2)
-    torch.testing.assert_close(focus_attention_with_sinks(q, k, v, m, 4, sink=2, group_index=idx), ref,
-                               atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(focus_attention(q, k, v, m, 4, group_index=idx),
-                               focus_attention(q, k, v, m, 4), atol=1e-6, rtol=1e-6)
+    calls = _spy_key_lookups(monkeypatch)
+    with_sinks = focus_attention(q, k, v, m, 4, sink=2, group_index=idx)
+    assert calls == {"index": 1, "scan": 0}
+    assert_close(with_sinks, ref, atol=1e-5, rtol=1e-5)
+    auto = focus_attention(q, k, v, m, 4, group_index=idx, backend="auto")
+    assert calls == {"index": 2, "scan": 0}
+    scanned = focus_attention(q, k, v, m, 4)
+    assert calls == {"index": 2, "scan": 1}
+    assert_close(auto, scanned, atol=1e-6, rtol=1e-6)
+    with pytest.warns(DeprecationWarning, match="sink="):  # the old wrapper still works and passes it through too
+        old = fa_kernels.focus_attention_with_sinks(q, k, v, m, 4, sink=2, group_index=idx)
+    assert calls["index"] == 3 and torch.equal(old, with_sinks)
 
 
 def test_errors():
-    m = _membership(2, 32, 4, 1, seed=1)
+    m = random_membership(2, 32, 4, 1, seed=1)
     q, k, v = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 32, 8), torch.randn(2, 2, 32, 8)
     with pytest.raises(ValueError, match="group_index"):  # one token short: the step's append was forgotten
         focus_attention(q, k, v, m, 4, group_index=GroupIndex(m[:, :31]))

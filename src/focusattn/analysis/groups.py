@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from ..hf.compose import routers
-from ..kernels.reference import focus_allowed, sink_key_mask
+from ..kernels.common import sink_key_mask, topk_membership
+from ..kernels.reference import focus_allowed
 
 
 @torch.no_grad()
@@ -36,7 +37,7 @@ def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
             conf[i] += flat.max(-1).values.sum().item()
             sinks = sink_key_mask(t, r.cfg.sink_tokens, device=device)
             for k in top_ks:
-                member = torch.zeros_like(g, dtype=torch.bool).scatter_(-1, g.topk(k, -1).indices, True)
+                member = topk_membership(g, k)
                 kept[k] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()
             causal_pairs += t * (t + 1) // 2
         n += w.shape[-1]

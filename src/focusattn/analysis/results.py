@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .._errors import InputError
 from .._io import write_text
+from ..bench.report import render_markdown as bench_markdown
+from ..eval.sinks import render_markdown as sinks_markdown
+from ..gpt.compare import render_markdown as lab_markdown
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -53,7 +57,7 @@ def retrofit_comparison(summaries: dict[str, dict]) -> str:
 def write_results(results_dir: str | Path, out: str | Path) -> Path:
     d = Path(results_dir)
     if not d.is_dir():
-        raise ValueError(f"--results {d}: no such folder")
+        raise InputError("results", str(d), "no such folder")
     parts = [HEADER]
     runs = {p.stem.removeprefix("retrofit_"): _load(p) for p in sorted(d.glob("retrofit_*.json"))}
     longer = {k: runs.pop(k) for k in [k for k in runs if k.startswith("long")]}  # other budgets: own sections
@@ -67,34 +71,28 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += ["### Gate and routing decisions, measured on the same budget\n",
                   "Perplexity on held-out Shakespeare works (domain) and on Lee news articles (OOD); `soft` = the "
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
-    # (json file, our heading or None, renderer module, renderer function, extra keyword arguments, plots)
     for name, s in longer.items():
         parts += [f"### Longer sequences: `{name}`\n", f"Command: `{s.get('command')}`\n", retrofit_table(s), ""]
+    # (json file, our heading or None, renderer, extra keyword arguments, plots)
     sections = [
-        ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", "focusattn.eval.sinks",
-         "render_markdown", {}, []),
-        ("bench.json", "## Sparse Focus kernels: speed", "focusattn.bench.report", "render_markdown",
-         {"plot_link": "results/bench.png"}, []),
-        ("bench_64k.json", "### The 64K point (K=8, top-1; run separately for time)", "focusattn.bench.report",
-         "render_markdown", {"plot_link": "results/bench_64k.png"}, []),
-        ("lazy_bench.json", "## Lazy Attention kernel: speed", "focusattn.analysis.results", "render_lazy_bench", {},
-         []),
-        ("lab.json", None, "focusattn.gpt.compare", "render_markdown", {}, ["lab.loss.png", "lab.attention.png"]),
-        ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", "focusattn.gpt.compare",
-         "render_markdown", {}, []),
+        ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", sinks_markdown, {}, []),
+        ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
+        ("bench_64k.json", "### The 64K point (K=8, top-1; run separately for time)", bench_markdown,
+         {"plot_link": "results/bench_64k.png"}, []),
+        ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
+        ("lab.json", None, lab_markdown, {}, ["lab.loss.png", "lab.attention.png"]),
+        ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
         ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
-         "focusattn.gpt.compare", "render_markdown", {}, ["lab.long.loss.png", "lab.long.attention.png"]),
+         lab_markdown, {}, ["lab.long.loss.png", "lab.long.attention.png"]),
     ]
-    import importlib
-
-    for fname, title, module, fn, kwargs, plots in sections:
+    for fname, title, render, kwargs, plots in sections:
         p = d / fname
         if title:
             parts.append(title + "\n")
         if not p.exists():
             parts.append(f"_Not yet measured (`{fname}` absent)._\n")
             continue
-        text = getattr(importlib.import_module(module), fn)(_load(p), **kwargs)
+        text = render(_load(p), **kwargs)
         if title and text.startswith("#"):  # our heading replaces the renderer's own
             text = text.split("\n", 1)[1]
         parts.append(text.strip("\n") + "\n")

@@ -1,6 +1,9 @@
 """``focusattn bench``: parse, call :func:`run_kernel_bench`, print where the results went."""
 from __future__ import annotations
 
+from .decode import run_decode_bench
+from .prefill import run_kernel_bench
+from .report import render_markdown
 
 
 def _ints(values) -> tuple[int, ...]:
@@ -55,9 +58,6 @@ def _model_handler(args) -> int:
 
 
 def _handler(args) -> int:
-    from .kernels import run_decode_bench, run_kernel_bench
-    from .report import render_markdown
-
     # the exact command line, as recorded by focusattn.cli.main (None when the handler is called programmatically)
     command = getattr(args, "command_line", None)
     kw = {}

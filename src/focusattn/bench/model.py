@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 from .._io import write_json
-from .kernels import _PeakRSS, random_membership
+from .common import random_membership
+from .memory import PeakRSS
+from .report import plot_model_bench
 
 log = logging.getLogger("focusattn")
 SCHEMA = "focusattn.model_bench/1"
@@ -100,7 +102,7 @@ def _routing_stats(model, t: int) -> dict:
 def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
     """The Focus kernel alone on the model's attention shapes: learned membership of every layer vs random."""
     from ..hf import focus_config, routers
-    from ..kernels.sink import focus_attention_with_sinks
+    from ..kernels.api import focus_attention
 
     cfg = focus_config(model)
     c = model.config
@@ -116,7 +118,7 @@ def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
         for name, ms in (("real", real), ("random", rand)):
             t0 = time.perf_counter()
             for m in ms:
-                focus_attention_with_sinks(q, k, v, m, cfg.window, sink=cfg.sink_tokens)
+                focus_attention(q, k, v, m, cfg.window, sink=cfg.sink_tokens)
             times[name].append(time.perf_counter() - t0)
     real_s, rand_s = statistics.median(times["real"]), statistics.median(times["random"])
     return {"real_s": real_s, "random_s": rand_s, "real_over_random_speed": rand_s / real_s}
@@ -158,7 +160,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
 
     base_clock = _install_clock(base, "sdpa-timed", sdpa_attention_forward)
     focus_clock = _install_clock(focus, "focus-timed", focus_attention_forward)
-    probe = _PeakRSS()
+    probe = PeakRSS()
     variants = [("original", base, base_clock, None)] + [(f"top{k}", focus, focus_clock, int(k)) for k in top_ks]
     results = []
     warm = torch.as_tensor(val[:min(lengths[0], 256)][None].astype("int64"))
@@ -207,28 +209,3 @@ def _summarise(runs: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs) if runs[0][key] is not None else None  # noqa: E731
     return {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
             "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"]}
-
-
-def plot_model_bench(doc: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    variants = [v for v in dict.fromkeys(r["variant"] for r in doc["results"]) if v != "original"]
-    for v in variants:
-        rows = [r for r in doc["results"] if r["variant"] == v]
-        ts = [r["T"] for r in rows]
-        axes[0].plot(ts, [r["prefill_speedup"] for r in rows], "o-", label=v)
-        axes[1].plot(ts, [r["decode_speedup"] for r in rows], "o-", label=v)
-    for ax, title in zip(axes, ("prefill speed-up vs original", "decode-step speed-up vs original")):
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context T (tokens)")
-        ax.set_title(title)
-        ax.legend()
-    fig.suptitle(f"{doc['model']} + {Path(doc['adapter']).name}: whole model, learned routing")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,5 +1,8 @@
-"""Markdown for RESULTS.md from a ``bench.json`` dict: every number is read from the JSON, none typed by hand."""
+"""Markdown for RESULTS.md and the speed-up plot from a ``bench.json`` dict: every number is read from the JSON, none
+typed by hand. matplotlib is imported only when a plot is drawn."""
 from __future__ import annotations
+
+from .._io import atomic_path, pyplot
 
 
 def _ms(seconds):
@@ -100,6 +103,41 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     return "\n".join(lines)
 
 
+def plot_bench(doc, path) -> None:
+    """Speedup over full SDPA vs T, one panel per top-k, one colour per K; dashed = cost-model prediction."""
+    plt = pyplot()
+
+    top_ks = doc["config"]["top_ks"]
+    fig, axes = plt.subplots(1, len(top_ks), figsize=(5.5 * len(top_ks), 4.2), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, tk in zip(axes[0], top_ks):
+        for ci, kk in enumerate(doc["config"]["groups"]):
+            if tk > kk:
+                continue
+            c = colours[ci % len(colours)]
+            for backend, style, label in (("decomposed", "o-", "decomposed"), ("flex", "s:", "flex")):
+                pts = sorted((r["T"], r["ratio_vs_sdpa"], r["theoretical_ratio"]) for r in doc["results"]
+                             if r["backend"] == backend and r["K"] == kk and r["top_k"] == tk and not r.get("error"))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=c, label=f"{label} K={kk}")
+                    if backend == "decomposed":
+                        ax.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=c, alpha=0.6,
+                                label=f"theory K={kk}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel("speedup vs full causal SDPA (x)")
+        ax.set_title(f"top-{tk}, window {doc['config']['window']}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Focus forward attention, CPU ({doc['env']['threads']} threads, torch {doc['env']['torch']})")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
 def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> str:
     """The whole-model benchmark (``model_bench.json``) as a table; ratios are to the original model, same run."""
     cfg = doc["focus_config"]
@@ -125,3 +163,27 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
             f"{_mib(r['peak_bytes'])} | {share} | {cost} | {model_x} | {real} |")
     lines += ["", f"Command: `{doc['command']}`", "", f"![model bench]({plot_link})"]
     return "\n".join(lines)
+
+
+def plot_model_bench(doc: dict, path) -> None:
+    from pathlib import Path
+
+    plt = pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    variants = [v for v in dict.fromkeys(r["variant"] for r in doc["results"]) if v != "original"]
+    for v in variants:
+        rows = [r for r in doc["results"] if r["variant"] == v]
+        ts = [r["T"] for r in rows]
+        axes[0].plot(ts, [r["prefill_speedup"] for r in rows], "o-", label=v)
+        axes[1].plot(ts, [r["decode_speedup"] for r in rows], "o-", label=v)
+    for ax, title in zip(axes, ("prefill speed-up vs original", "decode-step speed-up vs original")):
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context T (tokens)")
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle(f"{doc['model']} + {Path(doc['adapter']).name}: whole model, learned routing")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

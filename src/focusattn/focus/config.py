@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-GATES = ("multiplicative", "log")
-ROUTINGS = ("causal", "sequence", "random")
-BACKENDS = ("auto", "dense", "decomposed", "flex")
+from ..kernels.backends import BACKENDS  # names defined by the layer that implements them
+from ..kernels.soft import GATES
+
+ROUTINGS = ("causal", "sequence", "random")  # implemented by router.FocusRouter
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,12 @@ import shlex
 import sys
 from dataclasses import replace
 
-from .config import ATTENTIONS, PRESETS, TAU_MODES, get_preset
+from .._errors import cli_message
+from ..lazy.bench import run_lazy_bench
+from ..lazy.config import TAU_MODES
+from .compare import render_markdown, run_compare
+from .config import ATTENTIONS, PRESETS, get_preset
+from .train import train_lm
 
 
 def _model_overrides(args) -> dict:
@@ -34,15 +39,13 @@ def _add_common(p):
 
 
 def _train_handler(args) -> int:
-    from .train import train_lm
-
     try:
         mcfg, tcfg = get_preset(args.preset, args.attention, **_model_overrides(args))
         tcfg = replace(tcfg, **{k: v for k, v in (("steps", args.steps), ("threads", args.threads)) if v is not None})
         res = train_lm(mcfg, tcfg, data=args.data, seed=args.seed, out_dir=args.out, resume=args.resume,
                        stop_at=args.stop_at, progress=not args.no_progress)
     except (ValueError, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli_message(e)}", file=sys.stderr)
         return 2
     if "stopped_at" in res:
         print(f"stopped after step {res['stopped_at']}; continue with --resume")
@@ -56,8 +59,6 @@ def _train_handler(args) -> int:
 
 
 def _compare_handler(args) -> int:
-    from .compare import run_compare
-
     names = [a.strip() for a in args.attention.split(",") if a.strip()]
     try:
         res = run_compare(names, args.seeds, args.preset, args.out, data=args.data, steps=args.steps,
@@ -65,23 +66,19 @@ def _compare_handler(args) -> int:
                           command=getattr(args, "command_line", None) or "focusattn " + shlex.join(sys.argv[1:]),
                           progress=not args.no_progress, model_overrides=_model_overrides(args))
     except (ValueError, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli_message(e)}", file=sys.stderr)
         return 2
-    from .compare import render_markdown
-
     print(render_markdown(res))
     return 0
 
 
 def _bench_handler(args) -> int:
-    from ..lazy.bench import run_lazy_bench
-
     try:
         res = run_lazy_bench(args.out, T=args.T, B=args.B, H=args.H, D=args.D, W=args.W, block=args.block,
                              reps=args.reps, backward=not args.forward_only, threads=args.threads,
                              command=getattr(args, "command_line", None))
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli_message(e)}", file=sys.stderr)
         return 2
     for mode, r in res["results"].items():
         print(f"{mode}: lazy {r['lazy_median_s'] * 1e3:.1f} ms vs SDPA {r['sdpa_median_s'] * 1e3:.1f} ms "

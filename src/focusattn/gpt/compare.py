@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import _io
+from .._errors import InputError
 from .config import DEFAULT_ROPE_BASE, TrainConfig, check_attention, get_preset
 from .data import LMData
 from .train import load_result, read_metrics, train_lm
@@ -68,7 +69,7 @@ def run_compare(attentions: list[str], seeds: int, preset: str, out_dir: str | P
                 resume = (run_dir / "checkpoint.pt").exists()
                 res = train_lm(mcfg, tcfg, data=lm_data, seed=s, out_dir=run_dir, resume=resume, progress=progress)
             elif res["config"]["model"] != mcfg.to_dict() or res["config"]["train"] != tcfg.to_dict():
-                raise ValueError(f"{run_dir} holds a finished run with different settings; use another --out")
+                raise InputError("out", str(out), f"{run_dir} holds a finished run with different settings; use another folder")
             runs[a].append(_run_summary(res, read_metrics(run_dir)))
     summary, per_layer = aggregate(runs)
     base, _ = get_preset(preset, attentions[0], **(model_overrides or {}))
@@ -146,10 +147,7 @@ def _savefig(fig, path: Path) -> None:
 
 
 def plot_compare(cj: dict, out_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _io.pyplot()
 
     out = Path(out_dir)
     paths = []

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..lazy.config import IMPLS as LAZY_IMPLS
+from ..lazy.config import TAU_MODES
+
 ATTENTIONS = ("standard", "lazy", "lazy-no-bias", "elastic-only", "focus", "sliding")
 # RoPE base per variant when ModelConfig.rope_base is None. The Lazy variants use the "larger base" the paper asks for
 # (see LazyConfig.rope_base); elastic-only keeps the standard base, so lazy-no-bias vs elastic-only isolates the base.
 DEFAULT_ROPE_BASE = {"standard": 10000.0, "sliding": 10000.0, "focus": 10000.0, "elastic-only": 10000.0,
                      "lazy": 100000.0, "lazy-no-bias": 100000.0}
-TAU_MODES = ("nonneg", "free")
-KERNEL_IMPLS = ("reference", "chunked")
 
 
 def _bad(cls, name, value, allowed):
@@ -28,11 +29,11 @@ class ModelConfig:
 
     block_size: training context length. max_seq_len: RoPE cache length (and the longest evaluation), 4x block_size
         by default so the 2x/4x extrapolation evaluations fit.
-    window: local window of ``sliding`` (keys with ``0 <= i - j < window``) and of ``focus`` (pairs within it are never
-        gated).
-    lazy_impl: Elastic-Softmax kernel of the Lazy variants. The lab uses the dense oracle: at T <= 512 it costs about
-        what the chunked path does (both measured ~35-40 ms fwd+bwd at 16x4x128x32 on one CPU thread) and the two
-        agree to float rounding.
+    window: local window. ``sliding`` sees ``window`` keys (``0 <= i - j < window``, transformers'
+        ``sliding_window`` convention); ``focus`` never gates pairs with ``0 <= i - j <= window`` (Focus's convention,
+        ``kernels.common.in_window``), i.e. ``window + 1`` keys. (The lab's results were measured so.)
+    lazy_impl: Elastic-Softmax kernel of the Lazy variants. The lab uses the dense oracle: at the lab's short
+        contexts it costs about what the chunked path does, and the two agree to float rounding.
     bias_window: Lazy bias table width W; None = block_size (longer distances are never seen in training, so a wider
         table would only hold untrained entries; past W the bias is 0).
     """
@@ -71,8 +72,8 @@ class ModelConfig:
             _bad(c, "bias_window", self.bias_window, "None (= block_size) or an integer >= 1")
         if self.tau_mode not in TAU_MODES:
             _bad(c, "tau_mode", self.tau_mode, TAU_MODES)
-        if self.lazy_impl not in KERNEL_IMPLS:
-            _bad(c, "lazy_impl", self.lazy_impl, KERNEL_IMPLS)
+        if self.lazy_impl not in LAZY_IMPLS:
+            _bad(c, "lazy_impl", self.lazy_impl, LAZY_IMPLS)
 
     @property
     def seq_cache(self) -> int:
@@ -148,7 +149,7 @@ PRESETS: dict[str, Preset] = {
     "lab-long": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
                        TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
                                    ckpt_interval=250),
-                       note="preset lab with 2000 steps (~4M tokens), ~7 minutes per run"),
+                       note="preset lab with 2000 steps (~4M tokens)"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,

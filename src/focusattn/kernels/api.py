@@ -7,6 +7,11 @@ in q's dtype and, with ``return_lse``, the natural-log LSE ``[B, Hq, Tq]`` in fl
 a query with no allowed key gets a zero output and LSE ``-inf``. Gradients flow to q, k, v (and through the LSE) for
 every backend, except ``"flex"`` on CPU: FlexAttention has no CPU backward, so that combination raises ValueError.
 
+``sink=n`` also lets every query see the first ``n`` real keys (attention sinks, :mod:`.sink`: a third disjoint part
+merged by log-sum-exp on the sparse backends, part of the mask on ``"dense"``). ``allowed``, a bool mask broadcastable
+to ``[B, Hq, Tq, Tk]`` that the result must also obey (a host model's own sliding window), makes every backend
+compute the dense reference: no sparse engine takes an arbitrary mask.
+
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
 :mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (= decomposed, logged once).
 
@@ -16,19 +21,23 @@ the result is the same. Other paths validate it and ignore it.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .backends import check_backend
 from .decode import focus_decode_attention
+from .common import sink_key_mask
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
 from .group_index import GroupIndex
-from .lse import acc
+from .lse import acc, merge_pair
 from .reference import dense_focus_attention
+from .sink import sink_partial
 
 
 def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                          group_index=None) -> None:
+                          group_index=None, sink=0) -> None:
     """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently).
 
     With ``group_index`` only the queries' membership rows are checked here (the index checked each earlier row
@@ -61,6 +70,8 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
         raise ValueError("membership: every token must belong to at least one group")
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
+    if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
+        raise ValueError(f"sink must be an int >= 0, got {sink!r}")
     if scale is not None and not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale!r}")
     if softcap is not None and not softcap > 0:
@@ -94,22 +105,37 @@ def _validate_group_index(group_index, membership, tq: int) -> None:
                          "or one from another layer)")
 
 
-def focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None, backend="auto",
-                    return_lse=False, group_index=None):
-    """Hard-mask Focus attention (see module docstring for the contract)."""
+def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
+                    allowed=None, backend="auto", return_lse=False, group_index=None):
+    """Hard-mask Focus attention, plus ``sink`` attention sinks (see the module docstring for the contract)."""
     validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                          key_padding_mask=key_padding_mask, group_index=group_index)
+                          key_padding_mask=key_padding_mask, group_index=group_index, sink=sink)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if allowed is not None:
+        check_backend(backend, q)  # the name must still be valid
+        backend = "dense"
     backend = check_backend(backend, q, needs_grad)
     kw = dict(scale=scale, softcap=softcap, key_padding_mask=key_padding_mask)
     if backend == "dense":
-        res = dense_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
-        res = (res[0], acc(res[1]))
-    elif backend == "flex":
-        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse, **kw)
-        res = res if return_lse else (res, None)
+        out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True, **kw)
+        return (out, acc(lse)) if return_lse else out
+    if backend == "flex":
+        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or sink > 0, **kw)
+        out, lse = res if (return_lse or sink > 0) else (res, None)
     elif q.shape[2] < k.shape[2]:
-        res = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index, **kw)
+        out, lse = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index, **kw)
     else:
-        res = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
-    return res if return_lse else res[0]
+        out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
+    if sink > 0:
+        sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
+        o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
+        out, lse = merge_pair(out, lse, o2, l2)
+        out = out.to(q.dtype)
+    return (out, lse) if return_lse else out
+
+
+def focus_attention_with_sinks(q, k, v, membership, window, *, sink: int = 0, **kwargs):
+    """Deprecated: use ``focus_attention(..., sink=n)``."""
+    warnings.warn("focus_attention_with_sinks is deprecated: use focus_attention(..., sink=n)", DeprecationWarning,
+                  stacklevel=2)
+    return focus_attention(q, k, v, membership, window, sink=sink, **kwargs)

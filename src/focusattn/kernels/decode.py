@@ -13,11 +13,10 @@ Plain autograd through gather + softmax gives exact gradients (memory is the gat
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .lse import finite_or_zero, acc
+from .common import apply_softcap, default_scale, in_window
+from .lse import acc, finite_or_zero
 
 # Gathered K/V elements per query chunk (~64 MiB fp32 for K and V together): bounds memory when Tq is large.
 GATHER_ELEMS = 1 << 23
@@ -39,7 +38,7 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
     tk = membership.shape[1]
     kpos = torch.arange(tk, device=membership.device)
     dist = qpos[:, None] - kpos[None, :]  # [C, Tk]
-    allowed = (dist >= 0) & ((dist <= window) | _shares_group(membership, qpos))
+    allowed = in_window(dist, window) | ((dist >= 0) & _shares_group(membership, qpos))
     if key_padding_mask is not None:
         allowed = allowed & key_padding_mask[:, None, :]
     count = allowed.sum(-1)  # [B, C]
@@ -64,7 +63,7 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
     bsz, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = default_scale(d, scale)
     outs, lses = [], []
     # chunk size from an upper bound on any query's list (window + its groups' sizes), so memory stays bounded
     if group_index is not None:
@@ -93,8 +92,7 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
         vg = acc(vf.index_select(0, rows)).view(bsz, hkv, c, length, d)
         qc = acc(q[:, :, c0:c1]).reshape(bsz, hkv, g, c, d)
         s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
-        if softcap is not None:
-            s = softcap * torch.tanh(s / softcap)
+        s = apply_softcap(s, softcap)
         s = s.masked_fill(~valid[:, None, None], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))

@@ -25,11 +25,11 @@ Backward (m = 1[a > 0], dP = dO v^T, g = dP * m): ``dS = p * (g - rowsum(g * p))
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
-from .reference import expand_kv, relative_distance
+from .common import default_scale, relative_distance
+from .reference import expand_kv
 
 IMPLS = ("reference", "chunked")
 BIAS_BEYOND = ("zero", "clamp")
@@ -224,7 +224,7 @@ def lazy_attention(
     tau and bias; ``block`` (keys per block) only affects the chunked path's speed and memory.
     """
     _check(q, k, v, tau, bias, impl, bias_beyond, block)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = default_scale(q.shape[-1], scale)
     if impl == "reference":
         return _reference(q, k, v, tau, bias, scale, bias_beyond)
     if q.dtype in (torch.float16, torch.bfloat16):
@@ -246,7 +246,7 @@ def elastic_weights(
     """The dense ``[B, Hq, Tq, Tk]`` weights ``a`` (zeros above the diagonal), for diagnostics on short inputs."""
     _check(q, k, k, tau, bias, "reference", bias_beyond, 1)
     tk = k.shape[2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = default_scale(q.shape[-1], scale)
     eye = torch.eye(tk, dtype=q.dtype, device=q.device).expand(q.shape[0], k.shape[1], tk, tk)
     # a @ I = a: reuse the oracle rather than restating the rule.
     return _reference(q, k, eye, tau, bias, scale, bias_beyond)

@@ -11,22 +11,13 @@ therefore use the compiled kernel when no gradient and no LSE are needed and the
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 
 import torch
 
 from .backends import logger
+from .common import apply_softcap, default_scale, group_bits
 from .lse import acc
-
-
-def group_bits(membership: torch.Tensor) -> torch.Tensor:
-    """``[B, T, W]`` int64 words, 63 groups per word (bit 63 unused so words stay non-negative)."""
-    kk = membership.shape[-1]
-    words = -(-kk // 63)
-    m = torch.nn.functional.pad(membership.long(), (0, words * 63 - kk)).view(*membership.shape[:2], words, 63)
-    weights = torch.ones((), dtype=torch.int64, device=membership.device) << torch.arange(63, device=m.device)
-    return (m * weights).sum(-1)
 
 
 def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None):
@@ -75,8 +66,8 @@ def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=Non
     score_mod = None
     if softcap is not None:
         def score_mod(score, b, h, q_idx, kv_idx):
-            return softcap * torch.tanh(score / softcap)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            return apply_softcap(score, softcap)
+    scale = default_scale(q.shape[-1], scale)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     can_compile = not needs_grad and not return_lse
     if compile is None:

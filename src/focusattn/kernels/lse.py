@@ -38,16 +38,6 @@ def merge_pair(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.T
     return torch.addcmul(w1 * acc(o1), w2, acc(o2)), lse
 
 
-def merge_partials(outs, lses):
-    """Merge any number of disjoint partials (lists of ``[..., D]`` and ``[...]`` tensors)."""
-    if not outs:
-        raise ValueError("merge_partials needs at least one partial")
-    o, lse = acc(outs[0]), acc(lses[0])
-    for o2, l2 in zip(outs[1:], lses[1:]):
-        o, lse = merge_pair(o, lse, o2, l2)
-    return o, lse
-
-
 def mark_empty(lse: torch.Tensor, has_key: torch.Tensor) -> torch.Tensor:
     """Set LSE to ``-inf`` where a row had no allowed key.
 

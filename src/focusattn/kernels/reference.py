@@ -7,9 +7,9 @@ to the *end* of the keys (query ``i`` sits at absolute position ``Tk - Tq + i``)
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from .common import apply_softcap, default_scale, relative_distance, sink_key_mask
 
 
 def expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
@@ -20,27 +20,10 @@ def expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
     return x if hq == hkv else x.repeat_interleave(hq // hkv, dim=1)
 
 
-def relative_distance(tq: int, tk: int, device=None) -> torch.Tensor:
-    """``[Tq, Tk]`` integer matrix of ``i - j`` in absolute positions (negative above the causal diagonal)."""
-    qpos = torch.arange(tk - tq, tk, device=device)
-    kpos = torch.arange(tk, device=device)
-    return qpos[:, None] - kpos[None, :]
-
-
-def sink_key_mask(tk: int, n: int, key_padding_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
-    """Bool ``[B|1, Tk]``: the first ``n`` *real* tokens of each sequence (attention sinks), or None when ``n == 0``."""
-    if n <= 0:
-        return None
-    if key_padding_mask is None:
-        return (torch.arange(tk, device=device) < n)[None]
-    rank = key_padding_mask.long().cumsum(-1) - 1
-    return key_padding_mask & (rank < n)
-
-
 def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None,
                   sink_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or the two tokens share a group, or key
-    ``j`` is a sink: ``sink_keys`` [B|1, Tk], see :func:`sink_key_mask`).
+    ``j`` is a sink: ``sink_keys`` [B|1, Tk], see :func:`.common.sink_key_mask`).
 
     ``membership`` is bool ``[B, Tk, K]`` over *all* keys; the queries are its last ``tq`` rows.
     """
@@ -49,7 +32,7 @@ def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None,
     dist = relative_distance(tq, tk, membership.device)
     m = membership.float()
     shared = torch.einsum("bik,bjk->bij", m[:, tk - tq:], m) > 0
-    ok = (dist <= window) | shared
+    ok = (dist <= window) | shared  # the window convention of common.in_window
     if sink_keys is not None:
         ok = ok | sink_keys[:, None, :]
     return (dist >= 0) & ok
@@ -71,10 +54,7 @@ def masked_attention(
     """
     hq, d = q.shape[1], q.shape[-1]
     k, v = expand_kv(k, hq), expand_kv(v, hq)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
+    s = apply_softcap(torch.matmul(q, k.transpose(-1, -2)) * default_scale(d, scale), softcap)
     s = s.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(s.dtype).min))
@@ -94,15 +74,19 @@ def dense_focus_attention(
     softcap: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
     sink: int = 0,
+    allowed: torch.Tensor | None = None,
     return_lse: bool = False,
 ):
     """Reference hard-mask Focus attention (explicit ``[B, 1, Tq, Tk]`` mask).
 
     ``key_padding_mask``: optional bool ``[B, Tk]``, True for real tokens. ``sink``: the first ``sink`` real tokens
-    are visible to every later query (attention sinks; 0 = the paper's mask).
+    are visible to every later query (attention sinks; 0 = the paper's mask). ``allowed``: an extra bool mask
+    broadcastable to ``[B, Hq, Tq, Tk]`` (e.g. a host model's own sliding window) that the result must also obey.
     """
     sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
-    allowed = focus_allowed(membership, window, q.shape[2], sinks)
+    mask = focus_allowed(membership, window, q.shape[2], sinks)[:, None]
+    if allowed is not None:
+        mask = mask & allowed
     if key_padding_mask is not None:
-        allowed = allowed & key_padding_mask[:, None, :]
-    return masked_attention(q, k, v, allowed[:, None], scale=scale, softcap=softcap, return_lse=return_lse)
+        mask = mask & key_padding_mask[:, None, None, :]
+    return masked_attention(q, k, v, mask, scale=scale, softcap=softcap, return_lse=return_lse)

@@ -1,19 +1,17 @@
-"""Attention sinks on top of any Focus backend: the first ``n`` real tokens stay visible to every later query.
+"""Attention sinks as a third disjoint part: the first ``n`` real tokens stay visible to every later query.
 
 Not in the paper. Pretrained LMs park attention on the first token; the Focus mask hides it from every query more
 than ``window`` away unless they happen to share a group, and the model breaks (measured in README/RESULTS). The
-extra pairs ``{j a sink, not local, no shared group}`` are disjoint from the Focus mask, so they are computed
-densely (O(T * n)) and merged exactly by log-sum-exp, leaving every backend's own kernel untouched.
+extra pairs ``{j a sink, not local, no shared group}`` are disjoint from the Focus mask, so
+:func:`focusattn.kernels.api.focus_attention` (``sink=n``) computes them here densely (O(T * n)) and merges them
+exactly by log-sum-exp, leaving every backend's own kernel untouched.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .api import focus_attention
-from .lse import merge_pair
-from .reference import expand_kv, relative_distance, sink_key_mask
+from .common import apply_softcap, default_scale
+from .reference import expand_kv
 
 
 def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=None):
@@ -31,12 +29,9 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     # indices of each row's sink keys, padded with the last index (masked below)
     order = torch.argsort((~sink_keys).to(torch.int8), dim=-1, stable=True)[:, :n]  # [B, n]
     valid = sink_keys.gather(1, order)  # [B, n]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     ks = expand_kv(k, hq).gather(2, order[:, None, :, None].expand(b, hq, n, d))
     vs = expand_kv(v, hq).gather(2, order[:, None, :, None].expand(b, hq, n, d))
-    s = torch.matmul(q, ks.transpose(-1, -2)).float() * scale
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
+    s = apply_softcap(torch.matmul(q, ks.transpose(-1, -2)).float() * default_scale(d, scale), softcap)
     qpos = torch.arange(tk - tq, tk, device=q.device)
     dist = qpos[None, :, None] - order[:, None, :]  # [B, Tq, n]
     mq = membership[:, tk - tq:].float()  # [B, Tq, K]
@@ -47,23 +42,3 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.nan_to_num(0.0, neginf=0.0)[..., None]).masked_fill(~extra[:, None], 0.0)
     return torch.matmul(p.to(vs.dtype), vs), lse
-
-
-def focus_attention_with_sinks(q, k, v, membership, window, *, sink: int = 0, scale=None, softcap=None,
-                               key_padding_mask=None, backend="auto", group_index=None):
-    """``focus_attention`` whose mask also lets every query see the first ``sink`` real tokens.
-
-    ``group_index`` is passed to :func:`focus_attention` (used by its decode path); the sink part is ``O(Tq n)``."""
-    if sink <= 0:
-        return focus_attention(q, k, v, membership, window, scale=scale, softcap=softcap,
-                               key_padding_mask=key_padding_mask, backend=backend, group_index=group_index)
-    out, lse = focus_attention(q, k, v, membership, window, scale=scale, softcap=softcap,
-                               key_padding_mask=key_padding_mask, backend=backend, return_lse=True,
-                               group_index=group_index)
-    sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
-    o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
-    merged, _ = merge_pair(out, lse, o2, l2)
-    return merged.to(q.dtype)
-
-
-__all__ = ["focus_attention_with_sinks", "sink_partial", "relative_distance"]

@@ -10,12 +10,11 @@ Local pairs (``0 <= i - j <= window``) are untouched; distant causal pairs are g
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .reference import expand_kv, relative_distance
+from .common import apply_softcap, default_scale, relative_distance
+from .reference import expand_kv
 
 GATES = ("multiplicative", "log")
 
@@ -43,12 +42,9 @@ def soft_focus_attention(
     hq, tq, d = q.shape[1], q.shape[2], q.shape[-1]
     tk = k.shape[2]
     k, v = expand_kv(k, hq), expand_kv(v, hq)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
+    s = apply_softcap(torch.matmul(q, k.transpose(-1, -2)) * default_scale(d, scale), softcap)
     dist = relative_distance(tq, tk, q.device)
-    distant = dist > window  # [Tq, Tk]
+    distant = dist > window  # [Tq, Tk]: beyond the window (common.in_window), so gated
     if sink_keys is not None:  # sinks are never gated, like local pairs
         distant = distant & ~sink_keys[:, None, None, :]
     affinity = torch.einsum("bik,bjk->bij", groups[:, tk - tq:], groups).unsqueeze(1).to(s.dtype)

@@ -78,10 +78,7 @@ def run_lazy_bench(out_dir: str | Path, T: int = 4096, *, B: int = 1, H: int = 8
 
 
 def _plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _io.pyplot()
 
     modes = list(res["results"])
     fig, ax = plt.subplots(figsize=(6, 4))

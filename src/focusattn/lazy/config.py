@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-TAU_MODES = ("nonneg", "free")
-BIAS_INITS = ("zeros", "normal")
-BIAS_BEYOND = ("zero", "clamp")
-IMPLS = ("reference", "chunked")
+from ..kernels.elastic import BIAS_BEYOND, IMPLS  # names defined by the kernel that implements them
+
+TAU_MODES = ("nonneg", "free")  # implemented by attention.LazyAttention
+BIAS_INITS = ("zeros", "normal")  # implemented by bias.DistanceBias
 
 
 @dataclass(frozen=True)
@@ -17,10 +17,9 @@ class LazyConfig:
     max_seq_len: RoPE cache length; longer inputs raise instead of silently wrapping.
     rope_base: 100000 by default. The paper asks for a "larger base" without a value; the dev code's multi-base
         experiments centre on 150000 and Llama-style long-context models use 1e5..5e5. A larger base slows the lowest
-        frequencies so that long distances stay distinguishable, leaving short-range shape to the bias table. The
-        lab (docs/RESULTS.md, lab section, T=128) finds no in-length gain and worse 4x extrapolation than base 1e4
-        (lazy-no-bias 2.72 vs elastic-only 2.34 nats/byte at 4x): a base sized for 4K-token training, not for
-        short contexts.
+        frequencies so that long distances stay distinguishable, leaving short-range shape to the bias table. At the
+        lab's short context it does not help (lazy-no-bias vs elastic-only in docs/RESULTS.md, lab section): a base
+        sized for 4K-token training, not for short contexts.
     use_bias: learnable per-head distance table ``b[h, d]`` for ``d < bias_window``.
     bias_window (W): table width; past it the bias is 0 (``bias_beyond="zero"``, dev-code default) or the last entry
         (``"clamp"``). Zero beyond W keeps lengths past W (and past the training length) on plain RoPE.
@@ -32,7 +31,7 @@ class LazyConfig:
         which defeats the purpose of thresholding; softplus keeps the threshold >= 0 and smooth.
     tau_init: initial tau (1.0: threshold = the uniform weight 1/n, the paper's best Table 2 setting).
     impl, block: kernel choice (``"chunked"`` never builds a T x T tensor; ``"reference"`` is the dense oracle, equal
-        within float rounding) and the chunked path's key-block size (64 was fastest at T=4096 on CPU).
+        within float rounding) and the chunked path's key-block size (``focusattn bench-lazy --block`` measures others).
     """
 
     n_heads: int

@@ -27,8 +27,8 @@ def save_checkpoint(path: str | os.PathLike, *, step: int, trainable: dict, opti
 def load_checkpoint(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: run without --resume to start fresh")
+        raise FileNotFoundError(f"no checkpoint at {path}: start fresh instead of resuming")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file
-        raise ValueError(f"checkpoint {path} is unreadable ({e}); delete it or run without --resume") from e
+        raise ValueError(f"checkpoint {path} is unreadable ({e}); delete it or start fresh") from e

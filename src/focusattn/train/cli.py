@@ -1,10 +1,13 @@
-"""``focusattn retrofit`` and ``focusattn report``."""
+"""``focusattn retrofit``: train Focus routers on a frozen pretrained LM (the report commands live in analysis/)."""
 from __future__ import annotations
 
 import argparse
 
-from ..focus.config import BACKENDS, GATES, ROUTINGS, FocusConfig
-from .retrofit import RetrofitConfig
+from ..focus.config import ROUTINGS, FocusConfig
+from ..kernels.backends import BACKENDS
+from ..kernels.soft import GATES
+from ..analysis.report import retrofit_table
+from .retrofit import RetrofitConfig, retrofit
 
 
 def add_focus_args(p: argparse.ArgumentParser) -> None:
@@ -31,9 +34,6 @@ def focus_from_args(a) -> FocusConfig:
 
 
 def _retrofit(a) -> int:
-    from ..analysis.report import retrofit_table
-    from .retrofit import retrofit
-
     cfg = RetrofitConfig(
         model=a.model, data=a.data, ood_data=None if a.ood_data == "none" else a.ood_data, out=a.out, steps=a.steps,
         seq_len=a.seq_len, batch_size=a.batch_size, grad_accum=a.grad_accum, lr=a.lr, warmup=a.warmup, seed=a.seed,
@@ -46,14 +46,6 @@ def _retrofit(a) -> int:
     summary = retrofit(cfg, command=a.command_line)
     print(retrofit_table(summary))
     print(f"\nwrote {a.out}/summary.json")
-    return 0
-
-
-def _report(a) -> int:
-    from ..analysis.results import write_results
-
-    path = write_results(a.results, a.out)
-    print(f"wrote {path}")
     return 0
 
 
@@ -84,75 +76,3 @@ def register(sub) -> None:
                    help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
     add_focus_args(p)
     p.set_defaults(func=_retrofit)
-
-    r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
-    r.add_argument("--out", default="docs/RESULTS.md")
-    r.set_defaults(func=_report)
-    register_sinks(sub)
-    register_groups(sub)
-
-
-def _sinks(a) -> int:
-    from ..eval.sinks import render_markdown, run_sink_probe
-
-    res = run_sink_probe(a.model, a.data, a.out, seq_len=a.seq_len, windows=a.windows, window=a.window,
-                         groups=a.groups, sink=a.sink_tokens, command=a.command_line)
-    print(render_markdown(res))
-    return 0
-
-
-def register_sinks(sub) -> None:
-    p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default="shakespeare")
-    p.add_argument("--out", default="runs/sinks")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--windows", type=int, default=4)
-    p.add_argument("--window", type=int, default=128)
-    p.add_argument("--groups", type=int, default=8)
-    p.add_argument("--sink-tokens", type=int, default=1)
-    p.set_defaults(func=_sinks)
-
-
-def _groups(a) -> int:
-    import json
-    from pathlib import Path
-
-    from .._io import write_json
-    from ..analysis.groups import groups_report
-
-    res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.windows,
-                        top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
-                                                                                 if x], command=a.command_line)
-    write_json(Path(a.out) / "groups.json", res)
-    if a.update_summary:  # add the measured pair shares to a retrofit summary made before they were recorded
-        p = Path(a.update_summary)
-        summary = json.loads(p.read_text())
-        summary["pairs_kept"] = res["pairs_kept"]
-        summary["pairs_kept_command"] = a.command_line
-        write_json(p, summary)
-    print("causal pairs kept: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in res["pairs_kept"].items()))
-    for layer, groups in res["top_tokens"].items():
-        print(f"layer {layer}:")
-        for gi, toks in enumerate(groups):
-            print(f"  G{gi}: " + " ".join(f"{t!r}x{c}" for t, c in toks))
-    print(f"wrote {a.out}/groups.json")
-    return 0
-
-
-def register_groups(sub) -> None:
-    p = sub.add_parser("groups", help="routing statistics of a saved adapter: dominance, pairs kept, tokens per group",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--adapter", required=True, help="folder written by retrofit (OUT/adapter)")
-    p.add_argument("--data", default="shakespeare")
-    p.add_argument("--out", default="runs/groups")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--windows", type=int, default=2)
-    p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
-    p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
-    p.add_argument("--update-summary", default="", help="retrofit summary.json to add pairs_kept to")
-    p.set_defaults(func=_groups)

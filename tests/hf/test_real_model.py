@@ -39,7 +39,7 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         # top-1 group in a later layer, which then legitimately changes everything downstream.)
         import sys
 
-        sink_mod = sys.modules["focusattn.kernels.sink"]
+        attend_mod = sys.modules["focusattn.focus.attend"]  # (the package's ``attend`` names the function)
         from focusattn.kernels.api import focus_attention
 
         diffs = []
@@ -52,7 +52,7 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
             diffs.append((a - b).abs().max().item() / max(1.0, b.abs().max().item()))
             return fast
 
-        monkeypatch.setattr(sink_mod, "focus_attention", checked)
+        monkeypatch.setattr(attend_mod, "focus_attention", checked)
         with torch.no_grad():
             sparse = model(x).logits
         assert len(diffs) == 30 and max(diffs) <= 1e-5
@@ -60,6 +60,6 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         assert trainable == 30 * (576 * 16 + 8 * 16)
     finally:
-        fa.decompose(model)
+        fa.unload(model)
     with torch.no_grad():
         assert torch.equal(model(x).logits, ref)

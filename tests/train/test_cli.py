@@ -1,36 +1,11 @@
-"""End-to-end CLI runs on a tiny random local model (char-level tokenizer) and a local text corpus."""
+"""``focusattn retrofit`` end to end on a tiny random local model (char-level tokenizer) and a local text corpus
+(the ``tiny_dir`` fixture), including the ``groups`` report on its adapter."""
 import json
 
 import pytest
 import torch
 
 from focusattn.cli import main
-
-from .hf.tiny import tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {chr(i): i - 32 for i in range(32, 127)}
-    vocab.update({"[UNK]": 95, "[EOS]": 96})
-    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    t.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="[EOS]", unk_token="[UNK]")
-    d = tmp_path_factory.mktemp("tiny")
-    model = tiny_model("llama")
-    model.save_pretrained(d / "model")
-    tok.save_pretrained(d / "model")
-    corpus = d / "corpus"
-    corpus.mkdir()
-    g = torch.Generator().manual_seed(0)
-    words = ["the", "king", "queen", "sword", "crown", "night", "love", "war", "and", "of"]
-    for i in range(6):
-        idx = torch.randint(0, len(words), (600,), generator=g)
-        (corpus / f"doc{i}.txt").write_text(" ".join(words[j] for j in idx))
-    return d
 
 
 def _run(tmp_path, tiny_dir, *extra):
@@ -53,7 +28,7 @@ def test_retrofit_end_to_end_and_resume(tmp_path, tiny_dir, capsys):
     assert "trainable parameters" in capsys.readouterr().out
     assert set(s["pairs_kept"]) == {"top1", "top2"} and 0 < s["pairs_kept"]["top1"] < s["pairs_kept"]["top2"] <= 1
     rc = main(["groups", "--model", str(tiny_dir / "model"), "--adapter", str(out / "adapter"), "--data",
-               str(tiny_dir / "corpus"), "--out", str(out), "--seq-len", "48", "--windows", "1", "--layers", "1",
+               str(tiny_dir / "corpus"), "--out", str(out), "--seq-len", "48", "--eval-windows", "1", "--layers", "1",
                "--update-summary", str(out / "summary.json")])
     g = json.loads((out / "groups.json").read_text())
     assert rc == 0 and len(g["top_tokens"]["1"]) == 4 and g["pairs_kept"]["top1"] > 0
@@ -104,13 +79,3 @@ def test_too_short_corpus(tmp_path, tiny_dir, capsys):
 def test_resume_without_checkpoint(tmp_path, tiny_dir, capsys):
     out, rc = _run(tmp_path, tiny_dir, "--steps", "1", "--resume")
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
-
-
-def test_sink_probe(tmp_path, tiny_dir):
-    rc = main(["sinks", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--out",
-               str(tmp_path), "--seq-len", "48", "--windows", "1", "--window", "8", "--groups", "3"])
-    assert rc == 0
-    res = json.loads((tmp_path / "sink_probe.json").read_text())
-    assert len(res["perplexity"]) == 5 and all(v > 1 for v in res["perplexity"].values())
-    assert len(res["sink_mass_per_layer"]) == 2 and all(0 <= m <= 1 for m in res["sink_mass_per_layer"])
-    assert (tmp_path / "sink_probe.png").stat().st_size > 1000

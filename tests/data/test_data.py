@@ -50,3 +50,14 @@ def test_offline_corpora_are_real_text():
     assert "hamlet" in {d.title for d in shk.train + shk.val}
     assert not {d.title for d in shk.val} & {d.title for d in shk.train}
     assert len(lee.train) + len(lee.val) == 300 and "Sydney" in " ".join(d.text for d in lee.train)
+
+
+def test_library_errors_name_arguments_and_the_cli_names_flags():
+    from focusattn._errors import InputError, cli_message
+
+    with pytest.raises(InputError) as e:
+        load_corpus("./no/such/corpus")
+    assert str(e.value).startswith("data='./no/such/corpus':") and "--" not in str(e.value)
+    assert cli_message(e.value).startswith("--data ./no/such/corpus: not a named corpus")
+    with pytest.raises(InputError, match="seq_len"):
+        check_length(np.arange(10), 48, "corpus")

@@ -1,12 +1,9 @@
-import math
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.focus import FocusConfig, FocusRouter, sinkhorn, sinkhorn_potentials
-from focusattn.kernels import dense_focus_attention, masked_attention, soft_focus_attention
 
 
 def paper_sinkhorn(logits, iters):
@@ -82,40 +79,6 @@ def test_causal_offsets_track_sinkhorn_balance():
     assert torch.allclose(causal, seq, atol=1e-4)
 
 
-def _qkv(b=2, hq=4, hkv=2, t=24, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(b, h, t, d, generator=g) for h in (hq, hkv, hkv)]
-
-
-def test_soft_gate_with_full_window_is_plain_causal_attention():
-    q, k, v = _qkv()
-    groups = torch.softmax(torch.randn(2, 24, 3), -1)
-    causal = torch.ones(24, 24, dtype=torch.bool).tril()
-    ref = masked_attention(q, k, v, causal)
-    for gate in ("log", "multiplicative"):
-        out = soft_focus_attention(q, k, v, groups, 24, lam=10.0, gate=gate)
-        assert torch.allclose(out, ref, atol=1e-6)
-
-
-def test_log_gate_tends_to_hard_mask_but_multiplicative_does_not():
-    q, k, v = _qkv()
-    member = torch.nn.functional.one_hot(torch.randint(0, 3, (2, 24)), 3).bool()
-    hard = dense_focus_attention(q, k, v, member, 4)
-    groups = member.double().float()
-    log_gate = soft_focus_attention(q, k, v, groups, 4, lam=80.0, offset=0.5, gate="log")
-    mult_gate = soft_focus_attention(q, k, v, groups, 4, lam=80.0, offset=0.5, gate="multiplicative")
-    assert (log_gate - hard).abs().max() < 1e-5
-    assert (mult_gate - hard).abs().max() > 1e-2  # a zeroed logit still receives exp(0) weight
-
-
-def test_soft_gate_gradient_reaches_groups():
-    q, k, v = _qkv()
-    logits = torch.randn(2, 24, 3, requires_grad=True)
-    out = soft_focus_attention(q, k, v, torch.softmax(logits, -1), 3, lam=10.0, gate="log")
-    out.square().sum().backward()
-    assert logits.grad.abs().sum() > 0 and math.isfinite(logits.grad.sum().item())
-
-
 def test_top_k_above_half_keeps_every_pair():
     """Why evaluation stops at K/2: two k-subsets of K groups always intersect when 2k > K."""
     from focusattn.kernels import focus_allowed
@@ -126,3 +89,11 @@ def test_top_k_above_half_keeps_every_pair():
         member = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, scores.topk(k, -1).indices, True)
         full = bool(focus_allowed(member, 0)[0].eq(torch.ones(200, 200, dtype=torch.bool).tril()).all())
         assert full == (2 * k > K)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5])
+def test_sink_tokens_validation(bad):
+    import focusattn as fa
+
+    with pytest.raises(ValueError, match="sink_tokens"):
+        fa.FocusConfig(sink_tokens=bad)

@@ -1,0 +1,95 @@
+"""``focusattn report``, ``groups`` and ``sinks``: commands that measure a saved run or model and render a report."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .._io import write_json
+from ..eval.sinks import render_markdown as sinks_markdown
+from ..eval.sinks import run_sink_probe
+from .groups import groups_report
+from .results import write_results
+
+
+class _Deprecated(argparse.Action):
+    """A hidden old spelling of a renamed flag: stores into the new ``dest`` and says so once."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"note: {option_string} is deprecated, use {self.metavar}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_eval_windows(p: argparse.ArgumentParser, default: int) -> None:
+    """``--eval-windows`` (number of evaluation windows; ``--windows`` is its old, hidden spelling, easily confused
+    with ``--window``, the attention window)."""
+    p.add_argument("--eval-windows", type=int, default=default, help="number of evaluation windows of --seq-len")
+    p.add_argument("--windows", type=int, dest="eval_windows", action=_Deprecated, metavar="--eval-windows",
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def _report(a) -> int:
+    path = write_results(a.results, a.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def _sinks(a) -> int:
+    res = run_sink_probe(a.model, a.data, a.out, seq_len=a.seq_len, windows=a.eval_windows, window=a.window,
+                         groups=a.groups, sink=a.sink_tokens, command=a.command_line)
+    print(sinks_markdown(res))
+    return 0
+
+
+def _groups(a) -> int:
+    res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.eval_windows,
+                        top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
+                                                                                 if x], command=a.command_line)
+    write_json(Path(a.out) / "groups.json", res)
+    if a.update_summary:  # add the measured pair shares to a retrofit summary made before they were recorded
+        p = Path(a.update_summary)
+        summary = json.loads(p.read_text())
+        summary["pairs_kept"] = res["pairs_kept"]
+        summary["pairs_kept_command"] = a.command_line
+        write_json(p, summary)
+    print("causal pairs kept: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in res["pairs_kept"].items()))
+    for layer, groups in res["top_tokens"].items():
+        print(f"layer {layer}:")
+        for gi, toks in enumerate(groups):
+            print(f"  G{gi}: " + " ".join(f"{t!r}x{c}" for t, c in toks))
+    print(f"wrote {a.out}/groups.json")
+    return 0
+
+
+def register(sub) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files", formatter_class=fmt)
+    r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
+    r.add_argument("--out", default="docs/RESULTS.md")
+    r.set_defaults(func=_report)
+
+    p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",
+                       formatter_class=fmt)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data", default="shakespeare")
+    p.add_argument("--out", default="runs/sinks")
+    p.add_argument("--seq-len", type=int, default=512)
+    add_eval_windows(p, 4)
+    p.add_argument("--window", type=int, default=128, help="w, the Focus window of the fixed masks")
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--sink-tokens", type=int, default=1)
+    p.set_defaults(func=_sinks)
+
+    p = sub.add_parser("groups", help="routing statistics of a saved adapter: dominance, pairs kept, tokens per group",
+                       formatter_class=fmt)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--adapter", required=True, help="folder written by retrofit (OUT/adapter)")
+    p.add_argument("--data", default="shakespeare")
+    p.add_argument("--out", default="runs/groups")
+    p.add_argument("--seq-len", type=int, default=512)
+    add_eval_windows(p, 2)
+    p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
+    p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
+    p.add_argument("--update-summary", default="", help="retrofit summary.json to add pairs_kept to")
+    p.set_defaults(func=_groups)

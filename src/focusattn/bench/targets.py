@@ -1,0 +1,48 @@
+"""The project's stated kernel targets, evaluated from a ``bench.json`` dict."""
+from __future__ import annotations
+
+import math
+
+
+def _find(doc, backend, t, kk, tk):
+    for r in doc["results"]:
+        if r["backend"] == backend and r["T"] == t and r["K"] == kk and r["top_k"] == tk and r.get("error") is None:
+            return r
+    return None
+
+
+def evaluate_targets(doc) -> dict:
+    """The project's stated targets, evaluated from the measurements (None = not measured in this run)."""
+    res = {}
+    r = _find(doc, "decomposed", 32768, 8, 1)
+    res["k8_top1_32k_speedup_vs_sdpa"] = None if r is None else r["ratio_vs_sdpa"]
+    res["k8_top1_32k_at_least_5x"] = None if r is None else r["ratio_vs_sdpa"] >= 5.0
+    slower = []
+    compared = 0
+    for d in doc["results"]:
+        if d["backend"] != "decomposed" or d["T"] < 4096 or d.get("error"):
+            continue
+        f = _find(doc, "flex", d["T"], d["K"], d["top_k"])
+        if f is None:
+            continue
+        compared += 1
+        if d["median_s"] >= f["median_s"]:
+            slower.append({"T": d["T"], "K": d["K"], "top_k": d["top_k"],
+                           "decomposed_s": d["median_s"], "flex_s": f["median_s"]})
+    res["faster_than_flex_all_T_ge_4k"] = None if compared == 0 else not slower
+    res["not_faster_than_flex"] = slower
+    # memory growth exponent: slope of log(peak) vs log(T) (1 = linear, 2 = quadratic)
+    slopes = {}
+    for backend in ("decomposed", "sdpa"):
+        for kk, tk in {(d["K"], d["top_k"]) for d in doc["results"] if d["backend"] == backend}:
+            pts = [(d["T"], d["peak_mem_bytes"]) for d in doc["results"]
+                   if d["backend"] == backend and d["K"] == kk and d["top_k"] == tk and d.get("peak_mem_bytes")]
+            if len(pts) >= 2:
+                xs = [math.log(a) for a, _ in pts]
+                ys = [math.log(b) for _, b in pts]
+                mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+                den = sum((x - mx) ** 2 for x in xs)
+                name = backend if kk is None else f"{backend}_K{kk}_top{tk}"
+                slopes[name] = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+    res["memory_growth_exponent"] = slopes
+    return res

@@ -1,0 +1,133 @@
+"""Part B, cross-group local pairs: ``1 <= i - j <= w`` and no shared group, in query blocks of ``BAND_BLOCK`` rows
+against ``BAND_BLOCK + w`` keys. Blocks are laid out as a batch ``[B * n_blocks, H, C or L, D]`` so the fused op (or
+the generic kernel) sees them as many small independent attention problems.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..common import group_bits
+from ..lse import acc
+from . import plan as _plan
+from .chunk import NEG_INF, block_attn_bwd, block_attn_fwd
+from .fused import cpu_flash_bwd, cpu_flash_fwd
+from .plan import Grads, Problem
+
+
+class Band:
+    """Index bookkeeping for the banded part, shared by forward and backward."""
+
+    def __init__(self, t: int, window: int, membership, kpm):
+        device = membership.device
+        block = _plan.BAND_BLOCK
+        self.t, self.window, self.c = t, window, block
+        self.nb = -(-t // block)
+        self.l = block + window
+        nbr = torch.arange(self.nb, device=device)
+        self.qpos_c = (nbr[:, None] * block + torch.arange(block, device=device)[None, :]).clamp(max=t - 1)
+        self.kpos = nbr[:, None] * block - window + torch.arange(self.l, device=device)[None, :]  # [nb, L]
+        self.kpos_c = self.kpos.clamp(0, t - 1)
+        # Query c of a block sits at distance c + w - l from key l: the band pattern is the same for every block.
+        dist = torch.arange(block, device=device)[:, None] + window - torch.arange(self.l, device=device)[None, :]
+        self.base = (dist >= 1) & (dist <= window)  # [C, L]: local (common.in_window) minus the diagonal (part A's)
+        self.kvalid = self.kpos >= 0  # only the first ceil(w / C) blocks have keys before position 0
+        if kpm is not None:
+            self.kvalid = self.kvalid[None] & kpm[:, self.kpos_c]  # [B, nb, L]
+        if membership.shape[-1] <= 63:  # one int64 bitmask per token: "shares a group" is one AND, not a K-long dot
+            self.bits, self.mf = group_bits(membership)[..., 0], None  # [B, T]
+        else:
+            self.bits, self.mf = None, membership.float()
+
+    def mask(self, n0, n1):
+        """Bool ``[B * (n1 - n0), C, L]``: in band, key in range and not padded, no shared group. Rows past T
+        (padding of the last block) are left as they are: their outputs are discarded."""
+        qc, kc = self.qpos_c[n0:n1], self.kpos_c[n0:n1]
+        if self.bits is not None:
+            bq, bk = self.bits[:, qc], self.bits[:, kc]  # [B, n, C], [B, n, L]
+            ok = (bq[..., :, None] & bk[..., None, :]) == 0
+        else:
+            ok = torch.matmul(self.mf[:, qc], self.mf[:, kc].transpose(-1, -2)) == 0
+        ok &= self.base
+        kv = self.kvalid[..., n0:n1, :]
+        if kv.dim() == 3:  # padding mask given: [B, n, L]
+            ok &= kv[:, :, None, :]
+        elif n0 * self.c < self.window:  # chunk contains blocks whose window starts before position 0
+            ok &= kv[None, :, None, :]
+        return ok.flatten(0, 1)
+
+    def chunks(self, bsz, hq):
+        step = max(1, _plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l))
+        for n0 in range(0, self.nb, step):
+            yield n0, min(self.nb, n0 + step)
+
+    def q_blocks(self, x, n0, n1):
+        """``[B, H, T, (D)]`` -> ``[B * n, H, C, (D)]`` for blocks ``n0:n1`` (zero rows past T)."""
+        bsz, h = x.shape[:2]
+        tail = x.shape[3:]
+        x = x[:, :, n0 * self.c:n1 * self.c]
+        short = (n1 - n0) * self.c - x.shape[2]
+        if short:
+            x = torch.nn.functional.pad(x, (0, 0) * len(tail) + (0, short))
+        x = x.reshape(bsz, h, n1 - n0, self.c, *tail)
+        return x.transpose(1, 2).reshape(bsz * (n1 - n0), h, self.c, *tail)
+
+    def k_windows(self, x, n0, n1):
+        """``[B, Hkv, T, D]`` -> ``[B * n, Hkv, L, D]`` (copies ``L/C`` times the keys of the chunk)."""
+        bsz, h, _, d = x.shape
+        return x[:, :, self.kpos_c[n0:n1]].transpose(1, 2).reshape(bsz * (n1 - n0), h, self.l, d)
+
+    def unblock(self, x, bsz, n0, n1):
+        """Inverse of :meth:`q_blocks` for one chunk: ``[B * n, H, C, (D)]`` -> ``[B, H, n * C, (D)]``."""
+        h, tail = x.shape[1], x.shape[3:]
+        return x.view(bsz, n1 - n0, h, self.c, *tail).transpose(1, 2).reshape(bsz, h, (n1 - n0) * self.c, *tail)
+
+
+def forward(p: Problem):
+    """``(out [B, Hq, T, D], lse [B, Hq, T])`` of the banded part, float32."""
+    q, k, v = p.q, p.k, p.v
+    bsz, hq, t, d = q.shape
+    hkv = k.shape[1]
+    band = Band(t, p.window, p.membership, p.kpm)
+    fused = p.engine == "cpu-flash"
+    out = p.zeros(bsz, hq, band.nb * band.c, d)
+    lse = torch.full((bsz, hq, band.nb * band.c), NEG_INF, device=q.device, dtype=out.dtype)
+    for n0, n1 in band.chunks(bsz, hq):
+        allowed = band.mask(n0, n1)
+        qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
+        if fused:
+            o, l_ = cpu_flash_fwd(qb, kb, vb, allowed[:, None], p.scale)
+        else:
+            o, l_ = block_attn_fwd(qb.view(qb.shape[0], hkv, hq // hkv, band.c, d), kb, vb, allowed[:, None, None],
+                                   p.scale, p.softcap)
+            o, l_ = o.reshape(qb.shape), l_.reshape(qb.shape[:3])
+        rows = slice(n0 * band.c, n1 * band.c)
+        out[:, :, rows] = band.unblock(o, bsz, n0, n1)
+        lse[:, :, rows] = band.unblock(l_, bsz, n0, n1)
+    return out[:, :, :t], lse[:, :, :t]
+
+
+def backward(p: Problem, g: Grads) -> None:
+    q, k, v = p.q, p.k, p.v
+    bsz, hq, t, d = q.shape
+    hkv = k.shape[1]
+    band = Band(t, p.window, p.membership, p.kpm)
+    fused = p.engine == "cpu-flash"
+    dq_pad = p.zeros(bsz, hq, band.nb * band.c, d)
+    for n0, n1 in band.chunks(bsz, hq):
+        allowed = band.mask(n0, n1)
+        qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
+        dob, ob, lb = band.q_blocks(g.do, n0, n1), band.q_blocks(g.o, n0, n1), band.q_blocks(g.lse, n0, n1)
+        dlb = None if g.dlse is None else band.q_blocks(g.dlse, n0, n1)
+        if fused:
+            a, b_, c = cpu_flash_bwd(dob, qb, kb, vb, ob, lb, dlb, allowed[:, None], p.scale)
+        else:
+            g5 = lambda x: x.reshape(x.shape[0], hkv, hq // hkv, *x.shape[2:])  # noqa: E731
+            a, b_, c = block_attn_bwd(g5(qb), kb, vb, allowed[:, None, None], p.scale, p.softcap, g5(dob), g5(ob),
+                                      g5(lb), None if dlb is None else g5(dlb))
+            a = a.reshape(qb.shape)
+        dq_pad[:, :, n0 * band.c:n1 * band.c] += band.unblock(acc(a), bsz, n0, n1)
+        kidx = band.kpos_c[n0:n1].flatten()  # out-of-range keys were masked, so they add exact zeros
+        nn = n1 - n0
+        g.dk.index_add_(2, kidx, acc(b_).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
+        g.dv.index_add_(2, kidx, acc(c).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
+    g.dq += dq_pad[:, :, :t]

@@ -1,0 +1,112 @@
+"""Exact sub-quadratic Focus attention for prefill (``Tq == Tk``): sort by group, attend inside groups, add the window.
+
+Files: :mod:`.plan` (the :class:`~.plan.Problem`, per-group plans, chunk sizes), :mod:`.same_group` (part A),
+:mod:`.band` (part B), :mod:`.chunk` (generic chunk kernels), :mod:`.fused` (the fused CPU op), this driver (the
+merge and the ``autograd.Function``).
+
+The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i`` = token i's groups) is split into two
+*disjoint* parts whose partial softmaxes are merged exactly by log-sum-exp (:mod:`.lse`):
+
+* **A, same-group**, attributed to the *lowest shared group*: in group g's sub-problem, key j is allowed for query i
+  iff ``j <= i``, both are in g, and they share no group ``< g``. With top-1 nobody has a lower group, so every
+  sub-problem is plain causal attention over the group's tokens in position order (a stable sort by group keeps
+  causal order), which is what the fused kernel does best. With top-k > 1 the rule "share no lower group" is
+  ``(m_i[:g] · m_j[:g]) == 0``: it counts a pair sharing two groups exactly once, and group 0 never needs a mask.
+* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's).
+
+Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups), B is ``T (w + C)`` pairs
+(query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor exists: group sub-problems are handed whole to
+the fused kernel (which tiles internally) or cut into row chunks with ``[rows, keys]`` masks of bounded size.
+
+Engines for part A: ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``: fused, returns LSE, one
+call per group, so groups are packed with no padding waste — the CPU analogue of varlen), ``varlen`` (flash-attn on
+CUDA, forward only: all groups in one packed call), and ``generic`` (chunked matmul/softmax in float32; used for
+softcap, which the fused CPU op lacks, and for dtypes/devices without a fused op).
+
+Gradients: the fused op's LSE carries no autograd graph, so the whole computation is one ``autograd.Function``.
+Its backward uses the standard ring-attention identity: given the *merged* output ``O`` and LSE ``L``, each part's
+contribution to ``dS`` is ``P_ij (dP_ij - Δ_i)`` with ``P_ij = exp(s_ij - L_i)`` and ``Δ_i = dO_i · O_i``, so every
+part can be back-propagated independently with the fused backward op (fed ``O`` and ``L``). A gradient flowing into
+the returned LSE adds ``g_i P_ij`` to ``dS``; for the fused op this is injected by appending a ones-column to ``v``
+(``dP`` gains ``g_i``) and a zero-column to ``O`` (``Δ`` unchanged).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..backends import flash_attn_varlen
+from ..common import default_scale
+from ..lse import acc, merge_pair
+from . import band, same_group
+from .chunk import NEG_INF
+from .plan import Grads, Problem, plan_groups
+
+
+def _forward(p: Problem, plans, varlen_fn=None):
+    bsz, hq, t, d = p.q.shape
+    o_acc = p.zeros(bsz, hq, t, d)
+    l_acc = torch.full((bsz, hq, t), NEG_INF, device=p.q.device, dtype=o_acc.dtype)
+    overlap = bool((p.membership.sum(-1) > 1).any())
+
+    results = {}
+    if varlen_fn is not None:
+        plain = [x for x in plans if not x.masked]
+        if plain:
+            results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
+    for x in plans:
+        o_p, l_p = results[id(x)] if id(x) in results else same_group.forward(p, x)
+        if overlap:
+            o_m, l_m = merge_pair(o_acc[x.b].index_select(1, x.idx), l_acc[x.b].index_select(1, x.idx), o_p[0],
+                                  l_p[0])
+        else:  # top-1: each token's only same-group partial goes straight in
+            o_m, l_m = acc(o_p[0]), acc(l_p[0])
+        o_acc[x.b].index_copy_(1, x.idx, o_m)
+        l_acc[x.b].index_copy_(1, x.idx, l_m)
+    if p.window > 0:
+        o_b, l_b = band.forward(p)
+        o_acc, l_acc = merge_pair(o_acc, l_acc, o_b, l_b)
+    return o_acc, l_acc
+
+
+class _DecomposedFocus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn):
+        p = Problem(q, k, v, membership, kpm, window, scale, softcap)
+        plans = plan_groups(membership, kpm)
+        o, lse = _forward(p, plans, varlen_fn)
+        out = o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
+        ctx.plans, ctx.window, ctx.scale, ctx.softcap = plans, window, scale, softcap
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, membership, kpm, out, lse = ctx.saved_tensors
+        p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap)
+        if dout is None:
+            dout = torch.zeros_like(out)
+        g = Grads(do=dout.to(q.dtype).contiguous(), o=out, lse=lse, dlse=dlse, dq=p.zeros(q.shape),
+                  dk=p.zeros(k.shape), dv=p.zeros(v.shape))
+        for x in ctx.plans:
+            same_group.backward(p, x, g)
+        if ctx.window > 0:
+            band.backward(p, g)
+        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None
+
+
+def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
+                               return_lse=False, varlen_fn="auto"):
+    """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor (inputs assumed validated by the API).
+
+    ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
+    backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
+    flash-attn installed and fp16/bf16 inputs.
+    """
+    scale = default_scale(q.shape[-1], scale)
+    if varlen_fn == "auto":
+        varlen_fn = None
+        if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
+            varlen_fn = flash_attn_varlen()
+    out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn)
+    return (out, lse) if return_lse else out
