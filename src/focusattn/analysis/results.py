@@ -8,8 +8,10 @@ from pathlib import Path
 from .._errors import InputError
 from .._io import write_text
 from ..bench.report import render_markdown as bench_markdown
+from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
+from .pareto import render_pareto
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -59,6 +61,19 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if not d.is_dir():
         raise InputError("results", str(d), "no such folder")
     parts = [HEADER]
+    long_docs = [_load(p) for p in sorted(d.glob("long_eval*.json"))]
+    bench_docs = [_load(p) for p in sorted(d.glob("model_bench*.json"))]
+    parts.append("## End to end: a trained adapter on the real model at long context\n")
+    if long_docs:
+        parts += ["Quality and whole-model speed of the same trained adapter, with the routing it learned, against "
+                  "the original model and training-free baselines at the same kept-pair budget.\n",
+                  render_pareto(long_docs, bench_docs,
+                                plot_link="results/pareto.png" if (d / "pareto.png").exists() else None), ""]
+    else:
+        parts.append("_Not yet measured (`long_eval*.json` absent)._\n")
+    for b in bench_docs:
+        parts += [f"### Whole-model speed: `{b['adapter']}`\n",
+                  render_model_markdown(b, plot_link=f"results/{Path(b.get('plot', 'model_bench.png')).name}"), ""]
     runs = {p.stem.removeprefix("retrofit_"): _load(p) for p in sorted(d.glob("retrofit_*.json"))}
     longer = {k: runs.pop(k) for k in [k for k in runs if k.startswith("long")]}  # other budgets: own sections
     parts.append("## Focus retrofit (SmolLM2-135M-Instruct, Shakespeare)\n")

@@ -1,0 +1,113 @@
+"""End-to-end pieces on the real default model: the long-context probes, the baselines at the same budget, the
+whole-model benchmark, and adapters by name. Lengths are tiny here; the measured runs are in docs/RESULTS.md."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import focusattn as fa
+from focusattn.cli import main
+from focusattn.eval.probes import passkey_sequences, repeat_copy_sequences
+
+pytestmark = pytest.mark.realmodel
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory):
+    model, _ = fa.load_model("smollm2-135m")
+    fa.compose(model, fa.FocusConfig(num_groups=4, window=16))
+    return str(fa.save_adapter(model, tmp_path_factory.mktemp("a") / "adapter"))
+
+
+def test_repeat_copy_sequences_hold_two_copies_far_apart():
+    ids = np.arange(5000) % 997
+    for seq, start in repeat_copy_sequences(ids, 1500, passage=100, distance=600, n=3):
+        assert len(seq) == 1500 and start == 1400
+        assert np.array_equal(seq[start:], seq[start - 600:start - 500])
+    with pytest.raises(ValueError, match="cannot hold"):
+        repeat_copy_sequences(ids, 500, passage=100, distance=600)
+
+
+def test_passkey_sequences_have_exact_length_and_end_with_the_key():
+    _, tok = fa.load_model("smollm2-135m")
+    ids = np.asarray(tok("The quick brown fox jumps over the lazy dog. " * 200).input_ids)
+    seqs = passkey_sequences(ids, tok, 300, depths=(0.0, 0.5, 1.0))
+    for s in seqs:
+        assert len(s["tokens"]) == 300
+        answer = tok.decode(s["tokens"][-s["answer_len"]:].tolist())
+        assert str(s["key"]) in answer
+        assert tok.decode(s["tokens"].tolist()).count(str(s["key"])) == 3  # twice in the needle, once as the answer
+    assert seqs[0]["distance"] > seqs[2]["distance"]  # depth 0 = far from the question
+
+
+def test_long_eval_runs_every_variant_and_the_original_finds_the_passkey(adapter_dir, tmp_path):
+    out = tmp_path / "le"
+    rc = main(["long-eval", "--adapter", adapter_dir, "--lengths", "320", "--top-k", "1", "--ppl-windows", "1",
+               "--repeat-n", "1", "--threads", "2", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "long_eval.json").read_text())
+    names = [r["variant"] for r in doc["results"]]
+    assert names == ["original", "soft", "top1", "sliding@top1", "random@top1", "untrained@top1"]
+    orig = doc["results"][0]
+    assert orig["passkey"]["accuracy"] >= 2 / 3  # the probe is solvable by the full model at this length
+    assert orig["repeat_ppl"] < 0.5 * orig["ppl_ood"]  # the second copy is predicted from the first
+    for r in doc["results"][2:]:
+        assert 0 < r["budget_pairs_kept"] < 1
+    sliding = doc["results"][3]
+    from focusattn.hf.baselines import pairs_kept_sliding
+
+    assert pairs_kept_sliding(320, sliding["window"]) >= sliding["budget_pairs_kept"]
+
+
+def test_bench_model_times_the_learned_routing(adapter_dir, tmp_path):
+    out = tmp_path / "bm"
+    rc = main(["bench-model", "--adapter", adapter_dir, "--lengths", "256", "--top-k", "1", "--repeats", "1",
+               "--decode-tokens", "2", "--threads", "2", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "model_bench.json").read_text())
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert set(rows) == {"original", "top1"}
+    assert rows["original"]["prefill_speedup"] == 1.0
+    r = rows["top1"]
+    assert r["prefill_s"] > 0 and r["decode_s"] > 0 and 0 < r["attention_share"] < 1
+    assert len(r["routing"]["layers"]) == 30
+    assert all(1 / 4 <= x["largest_share"] <= 1 for x in r["routing"]["layers"])
+    assert (out / "model_bench.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--adapter", "no-such-adapter"], "shipped"),
+    (["--lengths", "9000"], "exceeds the model's 8192 positions"),
+    (["--top-k", "5"], "out of range"),
+])
+def test_bench_model_and_long_eval_bad_input_is_one_line_and_writes_nothing(adapter_dir, tmp_path, capsys, argv,
+                                                                             message):
+    for cmd in ("bench-model", "long-eval"):
+        out = tmp_path / cmd
+        args = [cmd, "--adapter", adapter_dir, "--out", str(out)] + argv
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+        assert not out.exists()
+
+
+def test_adapters_load_by_name_and_refuse_another_k(adapter_dir, monkeypatch, tmp_path):
+    import shutil
+
+    from focusattn import adapters
+
+    shipped = tmp_path / "pkg"
+    shutil.copytree(adapter_dir, shipped / "test-adapter")
+    monkeypatch.setattr(adapters, "HERE", shipped)
+    assert adapters.shipped() == ["test-adapter"]
+    model, _ = fa.load_model("smollm2-135m")
+    fa.load_adapter(model, "test-adapter")
+    assert fa.hf.focus_config(model).num_groups == 4
+    with pytest.raises(ValueError, match="shipped: test-adapter"):
+        fa.load_adapter(model, "other-adapter")
+    other, _ = fa.load_model("smollm2-135m")
+    fa.compose(other, fa.FocusConfig(num_groups=8))
+    with pytest.raises(ValueError, match="K=4"):
+        fa.load_adapter(other, "test-adapter")
+    del torch
