@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         if args.verbose:
             raise
-        print(f"focusattn {args.command}: error: {cli_message(e)}", file=sys.stderr)
+        print(f"focusattn {args.command}: error: {cli_message(e, getattr(args, 'flags', None))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is kept", file=sys.stderr)

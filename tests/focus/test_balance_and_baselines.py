@@ -3,7 +3,7 @@ import torch
 
 import focusattn as fa
 from focusattn.focus.router import FocusRouter, balance_loss
-from focusattn.hf import routers
+from focusattn.hf import last_routing, routers
 from focusattn.train.retrofit import RetrofitConfig, _lam
 
 from tests.conftest import V, tiny_model
@@ -55,7 +55,7 @@ def test_random_routing_is_per_position_causal_and_decodes_like_prefill():
     x = torch.randint(1, V, (1, 60))
     with torch.no_grad():
         m(x)
-    first = routers(m)[0].cache.membership.clone()
+    first = last_routing(m)[0].membership.clone()
     assert first.sum(-1).eq(1).all()
     share = first[0].float().mean(0)
     assert share.max() < 0.5  # drawn uniformly: no group takes most tokens
@@ -64,7 +64,7 @@ def test_random_routing_is_per_position_causal_and_decodes_like_prefill():
     with torch.no_grad():
         a, b = m(x).logits, m(y).logits
         m(y)
-    assert torch.equal(routers(m)[0].cache.membership, first)  # groups depend on position only
+    assert torch.equal(last_routing(m)[0].membership, first)  # groups depend on position only
     assert (a[:, :30] - b[:, :30]).abs().max() < 1e-5
     with torch.no_grad():
         got = m.generate(x[:, :40], max_new_tokens=5, do_sample=False, pad_token_id=0)

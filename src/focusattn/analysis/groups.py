@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..hf.compose import routers
+from ..hf.compose import last_routing, routers
 from ..kernels.common import sink_key_mask, topk_membership
 from ..kernels.reference import focus_allowed
 
@@ -29,8 +29,9 @@ def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
     for w in windows:
         model(torch.as_tensor(np.asarray(w)[None], dtype=torch.long, device=device))
         t = w.shape[-1]
+        routings = last_routing(model)
         for i, r in enumerate(rs):
-            g = r.cache.groups.float()  # [1, T, K]
+            g = routings[i].groups.float()  # [1, T, K]
             flat = g.reshape(-1, r.cfg.num_groups)
             c = torch.bincount(flat.argmax(-1), minlength=r.cfg.num_groups).cpu()
             counts[i] = c if counts[i] is None else counts[i] + c
@@ -58,8 +59,9 @@ def top_tokens(model, tokenizer, windows: np.ndarray, layers: list[int], per_gro
     for w in windows:
         ids = np.asarray(w)
         model(torch.as_tensor(ids[None], dtype=torch.long, device=device))
+        routings = last_routing(model)
         for li in layers:
-            arg = rs[li].cache.groups[0].argmax(-1).tolist()
+            arg = routings[li].groups[0].argmax(-1).tolist()
             for tid, g in zip(ids.tolist(), arg):
                 tallies[li][g][tid] = tallies[li][g].get(tid, 0) + 1
     out = {}

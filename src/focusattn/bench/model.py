@@ -80,16 +80,16 @@ def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=
 
 
 def _routing_stats(model, t: int) -> dict:
-    from ..hf import routers
+    from ..hf import last_routing, routers
 
     layers = []
-    for r in routers(model):
-        m = r.group_index.membership if r.group_index is not None else r.cache.membership
+    for r, routing in zip(routers(model), last_routing(model)):
+        m = routing.membership
         n = m[0, :t].sum(0).double()
         k_groups, top_k = m.shape[-1], int(m[0, 0].sum())
         balanced = k_groups * (top_k * t / k_groups) * (top_k * t / k_groups + 1) / 2
         group_cost = float((n * (n + 1) / 2).sum())
-        top1 = torch.bincount(r.cache.groups[0, :t].argmax(-1), minlength=k_groups).double()
+        top1 = torch.bincount(routing.groups[0, :t].argmax(-1), minlength=k_groups).double()
         layers.append({"largest_share": float(top1.max() / t), "group_cost_vs_balanced": group_cost / balanced,
                        "cost_model_ratio": (t * (t + 1) / 2) / (group_cost + t * min(r.cfg.window, t))})
     return {"layers": layers,
@@ -101,7 +101,7 @@ def _routing_stats(model, t: int) -> dict:
 @torch.no_grad()
 def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
     """The Focus kernel alone on the model's attention shapes: learned membership of every layer vs random."""
-    from ..hf import focus_config, routers
+    from ..hf import focus_config, last_routing
     from ..kernels.api import focus_attention
 
     cfg = focus_config(model)
@@ -110,8 +110,7 @@ def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
     d = getattr(c, "head_dim", None) or c.hidden_size // hq
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, h, t, d, generator=g) for h in (hq, hkv, hkv))
-    real = [(r.group_index.membership if r.group_index is not None else r.cache.membership)[:1, :t].clone()
-            for r in routers(model)]
+    real = [routing.membership[:1, :t].clone() for routing in last_routing(model)]
     rand = [random_membership(t, cfg.num_groups, cfg.top_k, seed + i) for i in range(len(real))]
     times = {"real": [], "random": []}
     for _ in range(repeats):

@@ -33,15 +33,15 @@ BASELINES = ("sliding", "random", "untrained")
 @torch.no_grad()
 def pairs_kept(model, tokens: np.ndarray) -> float:
     """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers."""
-    from ..hf import routers
+    from ..hf import last_routing, routers
     from ..kernels.reference import focus_allowed, sink_key_mask
 
     x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[None])
     model(x, logits_to_keep=1)
     t = x.shape[1]
     shares = []
-    for r in routers(model):
-        m = r.group_index.membership if r.group_index is not None else r.cache.membership
+    for r, routing in zip(routers(model), last_routing(model)):
+        m = routing.membership
         kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, r.cfg.sink_tokens)).sum().item()
         shares.append(kept / (t * (t + 1) / 2))
     return statistics.mean(shares)

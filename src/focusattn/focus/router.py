@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..kernels.common import topk_membership
 from .config import FocusConfig
 from .sinkhorn import sinkhorn_potentials
 
@@ -58,11 +59,7 @@ class FocusRouter(nn.Module):
         self.centroids = nn.Parameter(torch.randn(cfg.num_groups, cfg.group_dim) / math.sqrt(cfg.group_dim))  # C
         self.register_buffer("offsets", torch.zeros(cfg.num_groups))
         self.register_buffer("offsets_ready", torch.zeros((), dtype=torch.bool))
-        # Set by the host integration: the layer input of the forward in flight, and the routing of cached tokens
-        # during generation (causal routing makes a cached token's membership final).
-        self.pending_hidden: torch.Tensor | None = None
-        self.cache: Routing | None = None
-        self.group_index = None  # kernels.GroupIndex of the cached tokens (hard top-k decoding)
+        # The routing of cached tokens during generation is not kept here: see focus.cache.RoutingCache.
         self.pending_offsets: torch.Tensor | None = None  # last training batch's potentials, not yet in the EMA
         self.balance: torch.Tensor | None = None  # last training forward's load-balance loss (see balance_loss)
         self.largest_share: float | None = None  # last training forward's share of tokens in the largest group
@@ -98,10 +95,7 @@ class FocusRouter(nn.Module):
         if self.training and not _in_backward():
             self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
-        membership = None
-        if cfg.top_k is not None:
-            idx = groups.topk(cfg.top_k, dim=-1).indices
-            membership = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, idx, True)
+        membership = None if cfg.top_k is None else topk_membership(groups, cfg.top_k)
         return Routing(groups, membership)
 
     @torch.no_grad()
@@ -116,9 +110,7 @@ class FocusRouter(nn.Module):
         groups = torch.nn.functional.one_hot(scores.argmax(-1), k).float().expand(batch, t, k)
         membership = None
         if self.cfg.top_k is not None:
-            idx = scores.topk(self.cfg.top_k, dim=-1).indices
-            membership = torch.zeros(t, k, dtype=torch.bool, device=device).scatter_(-1, idx, True)
-            membership = membership.expand(batch, t, k).contiguous()
+            membership = topk_membership(scores, self.cfg.top_k).expand(batch, t, k).contiguous()
         return Routing(groups, membership)
 
     @torch.no_grad()

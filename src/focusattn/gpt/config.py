@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from .._errors import InputError
 from ..lazy.config import IMPLS as LAZY_IMPLS
 from ..lazy.config import TAU_MODES
+from ..train.loop import TrainConfig as LoopConfig
 
 ATTENTIONS = ("standard", "lazy", "lazy-no-bias", "elastic-only", "focus", "sliding")
 # RoPE base per variant when ModelConfig.rope_base is None. The Lazy variants use the "larger base" the paper asks for
@@ -87,43 +89,45 @@ class ModelConfig:
         return asdict(self)
 
 
+# The lab's results (config.json, result.json, compare.json, docs/results/lab*.json) name two shared training fields
+# by their earlier lab names; to_dict keeps those names so finished runs are still recognised and resumable.
+_LEGACY_NAMES = {"clip": "grad_clip", "checkpoint_every": "ckpt_interval"}
+_LEGACY_ORDER = ("batch_size", "steps", "lr", "warmup", "min_lr_ratio", "weight_decay", "clip", "log_interval",
+                 "eval_interval", "eval_windows", "checkpoint_every", "threads")
+
+
 @dataclass(frozen=True)
-class TrainConfig:
-    """AdamW + linear warmup + cosine decay (``cosine_lr``). Equal compute across variants = the same TrainConfig."""
+class TrainConfig(LoopConfig):
+    """The shared training fields (:class:`~focusattn.train.loop.TrainConfig`: AdamW + linear warmup + cosine decay)
+    with the lab's defaults, and the lab's logging/evaluation cadence. Equal compute across variants = the same
+    TrainConfig. ``seed`` and ``resume`` are set per run by ``train_lm``."""
 
     batch_size: int = 32
     steps: int = 600
     lr: float = 3e-3
     warmup: int = 50
-    min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    checkpoint_every: int = 100
     log_interval: int = 10
     eval_interval: int = 100
     eval_windows: int = 32
-    ckpt_interval: int = 100
     threads: int = 1
 
     def __post_init__(self):
-        c = "TrainConfig"
-        for name in ("batch_size", "steps", "log_interval", "eval_interval", "eval_windows", "ckpt_interval",
-                     "threads"):
+        super().__post_init__()
+        for name in ("log_interval", "eval_interval", "eval_windows", "threads"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                _bad(c, name, v, "an integer >= 1")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            _bad(c, "warmup", self.warmup, "an integer >= 0")
-        if not self.lr > 0:
-            _bad(c, "lr", self.lr, "a float > 0")
-        if not 0 <= self.min_lr_ratio <= 1:
-            _bad(c, "min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
-        if not self.weight_decay >= 0:
-            _bad(c, "weight_decay", self.weight_decay, "a float >= 0")
-        if not self.grad_clip > 0:
-            _bad(c, "grad_clip", self.grad_clip, "a float > 0")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(name, v, f"allowed an integer >= 1 (TrainConfig.{name})")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What a run records: the lab's fields under their recorded names (per-run ``seed`` and ``resume`` are
+        recorded elsewhere; ``grad_accum`` only when it is not 1)."""
+        d = asdict(self)
+        out = {_LEGACY_NAMES.get(k, k): d[k] for k in _LEGACY_ORDER}
+        if self.grad_accum != 1:
+            out["grad_accum"] = self.grad_accum
+        return out
 
 
 @dataclass(frozen=True)
@@ -138,22 +142,22 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(ModelConfig(n_layer=2, n_head=2, d_model=32, block_size=32, window=8, focus_groups=2,
                                focus_group_dim=8),
                    TrainConfig(batch_size=4, steps=8, warmup=2, log_interval=2, eval_interval=4, eval_windows=2,
-                               ckpt_interval=4),
+                               checkpoint_every=4),
                    note="tests only"),
     # The lab on 2 shared CPU cores: about 3 minutes per run on one thread.
     "lab": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
                   TrainConfig(batch_size=16, steps=500, lr=3e-3, warmup=50, eval_interval=100, eval_windows=24,
-                              ckpt_interval=100),
+                              checkpoint_every=100),
                   note="4 layers x 128 wide, T=128, 500 steps of 16 x 128 bytes (~1M tokens)"),
     # The lab model trained 4x longer: the first place on 2 CPU cores where the standard model's layer-0 sink emerges.
     "lab-long": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=128, window=32),
                        TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
-                                   ckpt_interval=250),
+                                   checkpoint_every=250),
                        note="preset lab with 2000 steps (~4M tokens)"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,
-                                ckpt_interval=250, threads=4),
+                                checkpoint_every=250, threads=4),
                     note="nanoGPT shakespeare-char scale"),
 }
 

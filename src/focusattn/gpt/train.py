@@ -1,4 +1,5 @@
-"""Training loop of the lab LM: AdamW + cosine LR, tqdm progress, atomic checkpoints, ``--resume``, metrics.jsonl.
+"""Training of the lab LM on the shared loop (``train/loop.py``: AdamW + cosine LR, progress, atomic checkpoints,
+resume, metrics.jsonl); the lab's own parts are here: the model, its batches, evaluation, what a record holds.
 
 Output directory layout: ``config.json`` (what was run), ``metrics.jsonl`` (one record per log/eval step),
 ``checkpoint.pt`` (latest, atomic), ``result.json`` (final evaluation; its presence marks a finished run).
@@ -6,17 +7,16 @@ Output directory layout: ``config.json`` (what was run), ``metrics.jsonl`` (one 
 from __future__ import annotations
 
 import json
-import math
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from .. import _io
+from .._errors import InputError
 from ..lazy.metrics import attention_report
-from ..train.checkpoint import load_checkpoint, save_checkpoint
-from ..train.schedule import cosine_lr
+from ..train.checkpoint import load_checkpoint
+from ..train.loop import adamw, train_loop
 from .config import ModelConfig, TrainConfig, model_config_from_dict
 from .data import LMData
 from .model import GPT
@@ -67,93 +67,64 @@ def _attention_snapshot(model: GPT, data: LMData, t: int) -> dict:
             "sparsity": rep["mean"]["sparsity"], "surviving_mass": rep["mean"]["surviving_mass"]}
 
 
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop records after the checkpoint so a resumed run does not duplicate them."""
-    if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= last_step]
-    _io.write_text(path, "".join(ln + "\n" for ln in keep))
-
-
 def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data: str | LMData = "shakespeare", seed: int = 0,
              out_dir: str | Path, resume: bool = False, stop_at: int | None = None, progress: bool = True) -> dict:
     """Train one model; return (and write) ``result.json``'s content, or ``{"stopped_at": step}`` with ``stop_at``.
 
     ``stop_at``: save a checkpoint after that step and return, as if interrupted (time-sliced runs on a shared
     machine; the resumed run is identical to an uninterrupted one). Refuses to overwrite an existing run unless
-    ``resume``.
+    ``resume``. ``seed`` and ``resume`` override ``tcfg``'s.
     """
+    tcfg = replace(tcfg, seed=seed, resume=resume)
     out = Path(out_dir)
-    ckpt_path, log_path = out / "checkpoint.pt", out / "metrics.jsonl"
+    ckpt_path = out / "checkpoint.pt"
     if not resume and (ckpt_path.exists() or (out / "result.json").exists()):
-        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        raise InputError("out", str(out), "already holds a run; resume it or choose another folder")
     torch.set_num_threads(tcfg.threads)
     data = LMData.load(data) if isinstance(data, str) else data
     torch.manual_seed(seed)
     model = GPT(cfg)
-    opt = torch.optim.AdamW(_param_groups(model, tcfg.weight_decay), lr=tcfg.lr, betas=(0.9, 0.95))
+    opt = adamw(_param_groups(model, tcfg.weight_decay), tcfg)
     run_cfg = {"model": cfg.to_dict(), "train": tcfg.to_dict(), "data": data.name, "seed": seed,
                "parameters": model.num_parameters()}
-    start, history = 0, {"elapsed_s": 0.0}
+    state = None
     if resume:
         state = load_checkpoint(ckpt_path)
         saved = state["extra"].get("config", {})
         if saved.get("model") != run_cfg["model"] or saved.get("train") != run_cfg["train"] or saved.get("seed") != seed:
-            raise ValueError(f"--resume: the run in {out} was started with a different configuration "
-                             f"({saved}); resume with the same settings or choose another --out")
-        model.load_state_dict(state["trainable"])
-        opt.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        start, history = state["step"], {"elapsed_s": state["extra"].get("elapsed_s", 0.0)}
-        _truncate_jsonl(log_path, start)
+            raise InputError("out", str(out), f"holds a run started with a different configuration ({saved}); "
+                                              "resume with the same settings or choose another folder")
     else:
         out.mkdir(parents=True, exist_ok=True)
-        log_path.unlink(missing_ok=True)
     _io.write_json(out / "config.json", run_cfg)
 
-    def checkpoint(step):
-        save_checkpoint(ckpt_path, step=step, trainable=model.state_dict(), optimizer=opt,
-                        extra={"config": run_cfg, "elapsed_s": history["elapsed_s"]})
+    def next_batch(step: int, micro: int):
+        return data.batch(seed, step * tcfg.grad_accum + micro, tcfg.batch_size, cfg.block_size)
 
-    tokens_per_step = tcfg.batch_size * cfg.block_size
-    bar = tqdm(range(start, tcfg.steps), initial=start, total=tcfg.steps, disable=not progress,
-               desc=f"{cfg.attention} s{seed}", dynamic_ncols=True)
-    t_last, n_last = time.perf_counter(), 0
+    def loss_of(batch):
+        return model(*batch)[1]
+
+    def record(done: int, rec: dict) -> dict | None:
+        if done % tcfg.log_interval and done != tcfg.steps:
+            return None
+        log = {"step": done, "loss": rec["loss"], "lr": rec["lr"], "tok_s": rec["tokens_per_s"],
+               "elapsed_s": rec["elapsed_s"]}
+        if done % tcfg.eval_interval == 0 or done == tcfg.steps:
+            log["val_loss"] = evaluate(model, data, cfg.block_size, tcfg.eval_windows)
+            log.update(_attention_snapshot(model, data, cfg.block_size))
+        return log
+
     model.train()
-    for step in bar:
-        lr = cosine_lr(step, lr=tcfg.lr, warmup=tcfg.warmup, total=tcfg.steps, min_ratio=tcfg.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x, y = data.batch(seed, step, tcfg.batch_size, cfg.block_size)
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-        opt.step()
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"{cfg.attention}: loss became {loss.item()} at step {step + 1}")
-        done = step + 1
-        n_last += 1
-        if done % tcfg.log_interval == 0 or done == tcfg.steps:
-            now = time.perf_counter()
-            history["elapsed_s"] += now - t_last
-            tok_s = n_last * tokens_per_step / max(now - t_last, 1e-9)
-            t_last, n_last = now, 0
-            rec = {"step": done, "loss": loss.item(), "lr": lr, "tok_s": tok_s, "elapsed_s": history["elapsed_s"]}
-            if done % tcfg.eval_interval == 0 or done == tcfg.steps:
-                rec["val_loss"] = evaluate(model, data, cfg.block_size, tcfg.eval_windows)
-                rec.update(_attention_snapshot(model, data, cfg.block_size))
-                t_last = time.perf_counter()  # evaluation time is not training throughput
-            _io.append_jsonl(log_path, rec)
-            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tok_s:,.0f}")
-        if done % tcfg.ckpt_interval == 0 or done == tcfg.steps or done == stop_at:
-            checkpoint(done)
-        if stop_at is not None and done >= stop_at and done < tcfg.steps:
-            bar.close()
-            return {"stopped_at": done}
-    bar.close()
-    result = {"config": run_cfg, "steps": tcfg.steps, "tokens": tcfg.steps * tokens_per_step,
-              "train_time_s": history["elapsed_s"], **final_report(model, data, cfg, tcfg)}
+    res = train_loop(tcfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=state,
+                     trainable=model.state_dict, load_trainable=model.load_state_dict,
+                     clip_params=list(model.parameters()), record=record, extra_state=lambda: {"config": run_cfg},
+                     tokens_per_step=tcfg.batch_size * tcfg.grad_accum * cfg.block_size, stop_at=stop_at,
+                     desc=f"{cfg.attention} s{seed}", progress=progress)
+    if res.stopped:
+        return {"stopped_at": res.step}
+    tokens = tcfg.steps * tcfg.batch_size * tcfg.grad_accum * cfg.block_size
+    result = {"config": run_cfg, "steps": tcfg.steps, "tokens": tokens, "train_time_s": res.elapsed_s,
+              **final_report(model, data, cfg, tcfg)}
     _io.write_json(out / "result.json", result)
     return result
 

@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..focus.cache import RoutingCache
 from ..focus.config import FocusConfig
-from ..focus.router import FocusRouter
+from ..focus.router import FocusRouter, Routing
 from . import attention_fn
 from .specs import attention_modules
 
 ROUTER = "focus_router"
+CACHE = "focus_cache"  # the layer's focus.cache.RoutingCache (a plain attribute: no parameters, not saved)
 
 
 @dataclass
@@ -24,8 +26,7 @@ class FocusState:
 
 
 def _stash_hidden(module, args, kwargs):
-    h = kwargs.get("hidden_states", args[0] if args else None)
-    getattr(module, ROUTER).pending_hidden = h
+    getattr(module, CACHE).set_hidden(kwargs.get("hidden_states", args[0] if args else None))
 
 
 def is_composed(model) -> bool:
@@ -43,11 +44,24 @@ def routers(model) -> list[FocusRouter]:
     return [getattr(m, ROUTER) for m in attention_modules(model)]
 
 
+def routing_caches(model) -> list[RoutingCache]:
+    """Every layer's :class:`~focusattn.focus.cache.RoutingCache`, in layer order."""
+    _state(model)
+    return [getattr(m, CACHE) for m in attention_modules(model)]
+
+
+def last_routing(model) -> list[Routing | None]:
+    """Per layer, the routing of the last full forward run without gradients, extended by the decode steps that
+    followed it: soft ``groups`` [B, T, K] and, with hard top-k, ``membership`` [B, T, K] (else None). None for a
+    layer that has not run such a forward (training forwards are not kept)."""
+    return [c.last() for c in routing_caches(model)]
+
+
 def compose(model, cfg: FocusConfig | None = None):
     """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
     cfg = cfg or FocusConfig()
     if is_composed(model):
-        raise ValueError("model already has Focus routers: call focusattn.decompose(model) first")
+        raise ValueError("model already has Focus routers: call focusattn.unload(model) first")
     modules = attention_modules(model)  # raises for unsupported architectures
     attention_fn.register()
     frozen = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -62,19 +76,22 @@ def compose(model, cfg: FocusConfig | None = None):
         # model.train()/model.eval() calls then reach it as a submodule).
         router.train(model.training)
         m.add_module(ROUTER, router)
+        setattr(m, CACHE, RoutingCache())
         state.hooks.append(m.register_forward_pre_hook(_stash_hidden, with_kwargs=True))
     model._focus_state = state
     model.set_attn_implementation(attention_fn.NAME)
     return model
 
 
-def decompose(model):
-    """Remove every router and hook and restore the original attention implementation and trainability."""
+def unload(model):
+    """Remove Focus from a composed model (PEFT's name): every router, routing cache and hook goes, the original
+    attention implementation and trainability come back. In place; returns the model."""
     state = _state(model)
     for h in state.hooks:
         h.remove()
     for m in attention_modules(model):
         delattr(m, ROUTER)
+        delattr(m, CACHE)
     model.set_attn_implementation(state.original_impl)
     for n, p in model.named_parameters():
         p.requires_grad_(state.requires_grad.get(n, True))
@@ -96,10 +113,9 @@ def update_config(model, **changes) -> FocusConfig:
     if fixed:
         raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
     state.cfg = dataclasses.replace(state.cfg, **changes)
-    for r in routers(model):
+    for r, c in zip(routers(model), routing_caches(model)):
         r.cfg = state.cfg
-        r.cache = None
-        r.group_index = None
+        c.reset()  # cached routing was computed under the old config
     return state.cfg
 
 

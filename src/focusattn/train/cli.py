@@ -75,4 +75,4 @@ def register(sub) -> None:
     p.add_argument("--lam-final", type=float, default=d.lam_final,
                    help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
     add_focus_args(p)
-    p.set_defaults(func=_retrofit)
+    p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k"})  # library argument -> flag in errors

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from .._io import append_jsonl, write_json
+from .._errors import InputError
+from .._io import write_json
 from ..analysis.groups import group_stats
 from ..data.corpora import load_corpus
 from ..data.tokens import check_length, eval_windows, random_windows, tokenize
@@ -20,58 +19,53 @@ from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..hf.compose import focus_config, update_config
 from ..hf.io import adapter_state, load_adapter_state
-from .checkpoint import load_checkpoint, save_checkpoint
-from .schedule import cosine_lr
+from .checkpoint import load_checkpoint
+from .loop import TrainConfig, adamw, train_loop
 
 log = logging.getLogger("focusattn")
 
 
 @dataclass(frozen=True)
-class RetrofitConfig:
-    """Defaults are sized for the offline demo on 2 CPU cores (~15 minutes); the paper trains 4000 steps at 1024."""
+class RetrofitConfig(TrainConfig):
+    """Defaults are sized for the offline demo on 2 CPU cores (~15 minutes); the paper trains 4000 steps at 1024.
+    The training fields (steps .. resume) are :class:`~focusattn.train.loop.TrainConfig`'s."""
 
+    steps: int = 100
+    lr: float = 5e-3
+    warmup: int = 10
+    checkpoint_every: int = 25
     model: str = "smollm2-135m"
     data: str = "shakespeare"
     ood_data: str | None = "lee-news"
     out: str = "runs/retrofit"
-    steps: int = 100
     seq_len: int = 512
-    batch_size: int = 1
-    grad_accum: int = 1
-    lr: float = 5e-3
-    warmup: int = 10
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    seed: int = 0
     eval_windows: int = 8
     ood_eval_windows: int = 8
     eval_top_ks: tuple[int, ...] | None = None  # None = 1..K/2 (for k > K/2 any two k-subsets of K groups intersect)
-    checkpoint_every: int = 25
     grad_checkpointing: bool = False
-    resume: bool = False
     balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
     lam_final: float | None = None  # anneal the soft gate's lambda geometrically to this value (train for the hard mask)
     focus: FocusConfig = field(default_factory=FocusConfig)
 
     def __post_init__(self):
-        for name in ("steps", "seq_len", "batch_size", "grad_accum", "eval_windows", "checkpoint_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"RetrofitConfig.{name}={getattr(self, name)!r} is invalid: allowed an integer >= 1")
-        if self.ood_eval_windows < 0:
-            raise ValueError(f"RetrofitConfig.ood_eval_windows={self.ood_eval_windows!r}: allowed an integer >= 0")
+        super().__post_init__()
+        c = "RetrofitConfig"
+        for name in ("seq_len", "eval_windows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(name, v, f"allowed an integer >= 1 ({c}.{name})")
+        if isinstance(self.ood_eval_windows, bool) or not isinstance(self.ood_eval_windows, int) \
+                or self.ood_eval_windows < 0:
+            raise InputError("ood_eval_windows", self.ood_eval_windows, f"allowed an integer >= 0 ({c}.ood_eval_windows)")
         if not self.balance_loss >= 0:
-            raise ValueError(f"RetrofitConfig.balance_loss={self.balance_loss!r} is invalid: allowed a float >= 0")
+            raise InputError("balance_loss", self.balance_loss, f"allowed a float >= 0 ({c}.balance_loss)")
         if self.lam_final is not None and not self.lam_final > 0:
-            raise ValueError(f"RetrofitConfig.lam_final={self.lam_final!r} is invalid: allowed None or a float > 0")
-        if not self.lr > 0:
-            raise ValueError(f"RetrofitConfig.lr={self.lr!r} is invalid: allowed a float > 0")
-        if self.warmup < 0:
-            raise ValueError(f"RetrofitConfig.warmup={self.warmup!r} is invalid: allowed an integer >= 0")
+            raise InputError("lam_final", self.lam_final, f"allowed None or a float > 0 ({c}.lam_final)")
         if self.eval_top_ks is not None:
             bad = [k for k in self.eval_top_ks if not 1 <= k <= self.focus.num_groups]
             if bad:
-                raise ValueError(f"eval top-k {bad} out of range: allowed 1..{self.focus.num_groups}")
+                raise InputError("eval_top_ks", ",".join(map(str, self.eval_top_ks)),
+                                 f"eval top-k {bad} out of range: allowed 1..{self.focus.num_groups}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -113,7 +107,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     model, tok = load_model(cfg.model)
     max_pos = _max_positions(model)
     if max_pos is not None and cfg.seq_len > max_pos:
-        raise ValueError(f"--seq-len {cfg.seq_len} exceeds the model's {max_pos} positions")
+        raise InputError("seq_len", cfg.seq_len, f"exceeds the model's {max_pos} positions")
     corpus = load_corpus(cfg.data)
     train_ids, val_ids = tokenize(corpus, tok, tokenizer_id=cfg.model)
     check_length(train_ids, cfg.seq_len, f"{cfg.data} train split", need=2)
@@ -140,16 +134,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     params = router_parameters(model)
     n_router = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    start = 0
+    opt = adamw(params, cfg)
     if ckpt is not None:
-        load_adapter_state(model, ckpt["trainable"],
-                           source=f"{ckpt_path} (delete it or run without --resume)")
-        opt.load_state_dict(ckpt["optimizer"])
-        start = ckpt["step"]
-        log.info("resumed from %s at step %d", ckpt_path, start)
-    elif (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
+        log.info("resuming from %s at step %d", ckpt_path, ckpt["step"])
 
     # Frozen model in eval mode (no dropout); routers train (updates the causal offsets). Gradient checkpointing
     # needs the decoder blocks in train mode, so then only dropout modules are kept in eval.
@@ -164,40 +151,34 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     for r in rs:
         r.train()
     device = next(model.parameters()).device
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="retrofit", disable=not progress)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len
-    for step in bar:
-        t0 = time.time()
-        lr = cosine_lr(step, lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    step_rng = {}
+
+    def before_step(step: int) -> None:
         lam = _lam(cfg, step)
         if lam != focus_config(model).lam:
             update_config(model, lam=lam)
-        rng = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
-        loss_sum, bal_sum, shares = 0.0, 0.0, None
-        for _ in range(cfg.grad_accum):
-            x = torch.as_tensor(random_windows(train_ids, cfg.seq_len, cfg.batch_size, rng), dtype=torch.long,
-                                device=device)
-            loss = model(x, labels=x).loss / cfg.grad_accum
-            bal = torch.stack([r.balance for r in rs]).mean()
-            shares = [r.largest_share for r in rs]
-            (loss + cfg.balance_loss / cfg.grad_accum * bal).backward()
-            loss_sum += loss.item()
-            bal_sum += bal.item() / cfg.grad_accum
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip).item()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.time() - t0
-        rec = {"step": step + 1, "loss": loss_sum, "balance": bal_sum, "lam": lam, "lr": lr, "grad_norm": gnorm,
-               "tokens_per_s": tokens_per_step / dt, "largest_share": shares}
-        append_jsonl(out / "metrics.jsonl", rec)
-        bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-        if not math.isfinite(loss_sum):
-            raise FloatingPointError(f"loss became {loss_sum} at step {step + 1}; last good checkpoint kept")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(ckpt_path, step=step + 1, trainable=adapter_state(model), optimizer=opt,
-                            extra={"before": before})
+        step_rng["rng"] = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
+
+    def next_batch(step: int, micro: int) -> torch.Tensor:
+        return torch.as_tensor(random_windows(train_ids, cfg.seq_len, cfg.batch_size, step_rng["rng"]),
+                               dtype=torch.long, device=device)
+
+    def loss_of(x: torch.Tensor):
+        loss = model(x, labels=x).loss
+        bal = torch.stack([r.balance for r in rs]).mean()
+        return loss + cfg.balance_loss * bal, {"loss": loss.item(), "balance": bal.item()}
+
+    def record(step: int, rec: dict) -> dict:
+        return {"step": step, "loss": rec["loss"], "balance": rec["balance"], "lam": focus_config(model).lam,
+                "lr": rec["lr"], "grad_norm": rec["grad_norm"], "tokens_per_s": rec["tokens_per_s"],
+                "largest_share": [r.largest_share for r in rs]}
+
+    train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
+               trainable=lambda: adapter_state(model),
+               load_trainable=lambda t: load_adapter_state(
+                   model, t, source=f"{ckpt_path} (delete it or start without resuming)"),
+               clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before},
+               tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
     model.eval()

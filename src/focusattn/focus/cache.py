@@ -1,0 +1,153 @@
+"""``RoutingCache``: one layer's routing state between forwards (prefill / decode step / reset).
+
+Causal routing makes a token's groups final once computed, so generation routes only the new tokens of each step and
+appends them to what the prefill routed. The cache holds, per attention layer:
+
+* the layer input of the forward in flight (stored by the host integration's pre-hook, taken by the attention call);
+* the soft groups ``[B, T, K]`` of every token routed since the last full no-grad forward (grown in amortised
+  O(new tokens), no re-concatenation per step);
+* with hard top-k, a :class:`~focusattn.kernels.group_index.GroupIndex` over their membership, so a decode step
+  reads only its own groups' keys.
+
+:meth:`route` is the one entry: a full forward (``tq == tk``) is a prefill, anything else a decode step.
+:meth:`groups` / :meth:`membership` / :meth:`last` read the routing of the last forward (and the decode steps
+after it) for analysis; they are what ``hf.last_routing(model)`` returns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.group_index import GroupIndex
+from .router import FocusRouter, Routing
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(4, (max(1, n) - 1).bit_length())
+
+
+class _Rows:
+    """A ``[B, T, K]`` tensor grown along T: capacity doubles, so appending t rows costs O(t) amortised."""
+
+    def __init__(self, x: torch.Tensor):
+        self._buf, self._len = x, x.shape[1]  # no copy until the first append
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, x: torch.Tensor) -> None:
+        n = self._len + x.shape[1]
+        if n > self._buf.shape[1]:
+            buf = x.new_empty(x.shape[0], _pow2_at_least(n), x.shape[2])
+            buf[:, :self._len] = self._buf[:, :self._len]
+            self._buf = buf
+        self._buf[:, self._len:n] = x
+        self._len = n
+
+    def view(self) -> torch.Tensor:
+        return self._buf[:, :self._len]
+
+
+@dataclass
+class CallRouting:
+    """What one attention call needs: ``routing`` covers all ``Tk`` keys (hard decode: the new tokens' groups and
+    every key's membership); ``group_index`` over the keys (hard decode steps only); ``trimmed``: the host's KV
+    cache kept only its last keys (sliding-window layers), so ``routing`` was cut to them and no sink applies."""
+
+    routing: Routing
+    group_index: GroupIndex | None = None
+    trimmed: bool = False
+
+
+class RoutingCache:
+    """Routing state of one attention layer between forwards; see the module docstring."""
+
+    def __init__(self):
+        self._hidden: torch.Tensor | None = None
+        self.reset()
+
+    # ------------------------------------------------------------------------------------------- host side
+    def set_hidden(self, h: torch.Tensor | None) -> None:
+        """Store the layer input of the forward in flight (called by the host's forward pre-hook)."""
+        self._hidden = h
+
+    def take_hidden(self) -> torch.Tensor:
+        """The stored layer input, cleared so a stale one is never reused."""
+        h, self._hidden = self._hidden, None
+        if h is None:
+            raise RuntimeError("Focus router received no hidden state: was the forward pre-hook removed?")
+        return h
+
+    def reset(self) -> None:
+        """Forget every cached token (a config change, a new generation)."""
+        self._groups: _Rows | None = None
+        self._index: GroupIndex | None = None
+
+    # ------------------------------------------------------------------------------------------- routing
+    def route(self, router: FocusRouter, h: torch.Tensor, tk: int, *, key_padding_mask: torch.Tensor | None = None,
+              sliding_window: int | None = None, keep: bool = True) -> CallRouting:
+        """Route the ``tq = h.shape[1]`` new tokens of a call over ``tk`` keys. ``tq == tk``: a prefill (remembered
+        when ``keep``: pass False while building an autograd graph); else a decode step appended to the cache.
+        ``key_padding_mask`` [B, Tk] (prefill only) keeps padding out of the routing statistics."""
+        tq = h.shape[1]
+        if tq == tk:
+            return CallRouting(self.prefill(router(h, mask=key_padding_mask, start=0), keep=keep))
+        if router.cfg.routing == "sequence":
+            raise ValueError("decoding with a KV cache needs FocusConfig.routing='causal' (sequence routing sees the "
+                             "future); compose with routing='causal'")
+        return self.step(router(h, start=tk - tq), tk, sliding_window=sliding_window)
+
+    def prefill(self, routing: Routing, *, keep: bool = True) -> Routing:
+        """A full forward's routing; with ``keep`` it replaces the cache (the start of a generation)."""
+        if keep:
+            self._groups = _Rows(routing.groups)
+            self._index = None if routing.membership is None else GroupIndex(routing.membership)
+        return routing
+
+    def cached(self, hard: bool) -> int:
+        """Tokens held for hard (indexed) or soft routing; -1 when there is none of that kind."""
+        if hard:
+            return len(self._index) if self._index is not None else -1
+        return len(self._groups) if self._groups is not None else -1
+
+    def step(self, routing: Routing, tk: int, *, sliding_window: int | None = None) -> CallRouting:
+        """Append a decode step's routing (``tq`` new tokens) and return the routing of all ``tk`` keys."""
+        tq = routing.groups.shape[1]
+        hard = routing.membership is not None
+        cached = self.cached(hard)
+        # A sliding-window layer's KV cache keeps only its last keys (Gemma-2): every cached key is then inside the
+        # model's window, and the true first token, outside it, is masked anyway, so no sink applies to that call.
+        trimmed = sliding_window is not None and cached + tq > tk and cached >= 0
+        if cached + tq != tk and not trimmed:
+            raise RuntimeError(f"Focus routing cache holds {max(cached, 0)} tokens but the KV cache has {tk - tq}: "
+                               "start generation with a full prefill (beam search reorders are not followed)")
+        self._groups.append(routing.groups)
+        index = None
+        if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
+            index = self._index
+            index.append(routing.membership)
+            routing = Routing(routing.groups, index.membership)
+        else:
+            routing = Routing(self._groups.view(), None)
+        if trimmed:
+            return CallRouting(Routing(routing.groups[:, -tk:],
+                                       None if routing.membership is None else routing.membership[:, -tk:]),
+                               None, True)
+        return CallRouting(routing, index)
+
+    # ------------------------------------------------------------------------------------------- readers
+    def __len__(self) -> int:
+        return len(self._groups) if self._groups is not None else 0
+
+    def groups(self) -> torch.Tensor | None:
+        """Soft groups ``[B, T, K]`` of every cached token (None before the first no-grad full forward)."""
+        return None if self._groups is None else self._groups.view()
+
+    def membership(self) -> torch.Tensor | None:
+        """Hard top-k membership bool ``[B, T, K]`` of every cached token (None in soft mode or before any)."""
+        return None if self._index is None else self._index.membership
+
+    def last(self) -> Routing | None:
+        """The cached routing as one :class:`Routing` (None before the first no-grad full forward)."""
+        return None if self._groups is None else Routing(self.groups(), self.membership())

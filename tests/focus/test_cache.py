@@ -1,0 +1,41 @@
+"""``RoutingCache``: decode steps append to the prefill's routing; readers see every cached token."""
+import pytest
+import torch
+
+import focusattn as fa
+from focusattn.hf import last_routing, routing_caches, update_config
+from tests.conftest import V, tiny_model
+
+
+@pytest.mark.parametrize("top_k", [None, 1])
+def test_prefill_plus_decode_steps_equal_one_prefill(top_k):
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k)).eval()
+    x = torch.randint(1, V, (2, 40))
+    with torch.no_grad():
+        m(x)
+        whole = [r.groups.clone() for r in last_routing(m)], [r.membership for r in last_routing(m)]
+        out = m(x[:, :20], use_cache=True)
+        cache = out.past_key_values
+        for i in range(20, 40):  # one token at a time, past the first capacity doubling
+            cache = m(x[:, i:i + 1], past_key_values=cache, use_cache=True).past_key_values
+    for layer, r in enumerate(last_routing(m)):
+        assert len(routing_caches(m)[layer]) == 40
+        torch.testing.assert_close(r.groups, whole[0][layer])
+        if top_k is None:
+            assert r.membership is None
+        else:
+            assert torch.equal(r.membership, whole[1][layer])
+
+
+def test_training_forwards_are_not_kept_and_config_changes_reset():
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3))
+    assert last_routing(m) == [None, None]
+    m(torch.randint(1, V, (1, 12)))  # gradients on: nothing kept
+    assert last_routing(m) == [None, None]
+    with torch.no_grad():
+        m(torch.randint(1, V, (1, 12)))
+    assert last_routing(m)[0].groups.shape == (1, 12, 4)
+    update_config(m, top_k=1)
+    assert last_routing(m) == [None, None]
