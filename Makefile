@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean
+.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure
 
 setup: $(STAMP)
 
@@ -57,3 +57,29 @@ results: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
+
+# End to end (issue: the same trained adapter at long context): train at 1024 tokens with the balance loss and the
+# lambda schedule, then whole-model speed and long-context quality against the baselines, then ship the adapter
+# with its model card and regenerate RESULTS. ~1.5 h on 2 cores.
+E2E := $(RUNS)/e2e
+e2e: $(STAMP)
+	$(VENV)/bin/focusattn retrofit --seq-len 1024 --steps 40 --warmup 4 --grad-checkpointing --groups 8 \
+		--balance-loss 1.0 --lam-final 40 --eval-windows 4 --ood-eval-windows 4 --eval-top-k 1,2 \
+		--checkpoint-every 10 --out $(E2E)/k8
+	$(MAKE) e2e-measure
+
+e2e-measure: $(STAMP)
+	$(VENV)/bin/focusattn bench-model --adapter $(E2E)/k8/adapter --lengths 2048 4096 8192 --top-k 1 2 \
+		--repeats 2 --threads 2 --out $(E2E)/bench
+	$(VENV)/bin/focusattn long-eval --adapter $(E2E)/k8/adapter --lengths 2048 --ppl-windows 4 \
+		--threads 2 --out $(E2E)/long
+	$(VENV)/bin/focusattn long-eval --adapter $(E2E)/k8/adapter --lengths 4096 8192 --repeat-n 1 --threads 2 \
+		--variants original,top1,top2,sliding@top1,sliding@top2,random@top1 --out $(E2E)/long8k
+	$(VENV)/bin/focusattn ship-adapter $(E2E)/k8 --name smollm2-135m-focus-k8 \
+		--long-eval $(E2E)/long/long_eval.json --model-bench $(E2E)/bench/model_bench.json
+	cp $(E2E)/k8/summary.json docs/results/retrofit_long_e2e_k8.json
+	cp $(E2E)/bench/model_bench.json docs/results/model_bench_k8.json
+	cp $(E2E)/bench/model_bench.png docs/results/model_bench.png
+	cp $(E2E)/long/long_eval.json docs/results/long_eval_k8.json
+	cp $(E2E)/long8k/long_eval.json docs/results/long_eval_k8_8k.json
+	$(MAKE) results

@@ -35,6 +35,14 @@ def _report(a) -> int:
     return 0
 
 
+def _ship(a) -> int:
+    from .model_card import ship_adapter
+
+    out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench)
+    print(f"wrote {out} (adapter + README.md model card)")
+    return 0
+
+
 def _sinks(a) -> int:
     res = run_sink_probe(a.model, a.data, a.out, seq_len=a.seq_len, windows=a.eval_windows, window=a.window,
                          groups=a.groups, sink=a.sink_tokens, command=a.command_line)
@@ -68,6 +76,14 @@ def register(sub) -> None:
     r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
     r.add_argument("--out", default="docs/RESULTS.md")
     r.set_defaults(func=_report)
+
+    s = sub.add_parser("ship-adapter", help="copy a run's adapter into the package (focusattn/adapters/NAME) with a "
+                       "model card, so fa.load_adapter(model, NAME) finds it", formatter_class=fmt)
+    s.add_argument("run", help="a `focusattn retrofit --out` folder")
+    s.add_argument("--name", required=True, help="e.g. smollm2-135m-focus-k8")
+    s.add_argument("--long-eval", default=None, help="long_eval.json of this adapter (`focusattn long-eval`)")
+    s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
+    s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",
                        formatter_class=fmt)

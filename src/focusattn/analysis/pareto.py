@@ -6,7 +6,6 @@ Inputs are the JSON written by ``focusattn long-eval`` (``long_eval*.json``) and
 """
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from .._io import pyplot
@@ -24,21 +23,19 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
         for r in b["results"]:
             if r["T"] == t:
                 speed[(_adapter_name(b), r["variant"])] = (t, r["prefill_speedup"], r["decode_speedup"])
-    rows, seen_original = [], False
+    merged: dict[tuple, dict] = {}  # (adapter, variant) -> row; several long-eval runs of one adapter merge by T
     for d in long_docs:
         name, k_groups = _adapter_name(d), d["focus_config"]["num_groups"]
-        variants = list(dict.fromkeys(r["variant"] for r in d["results"]))
-        for v in variants:
-            if v == "original" and seen_original:
-                continue
-            res = [r for r in d["results"] if r["variant"] == v]
-            row = {"adapter": "—" if v == "original" else name, "K": None if v == "original" else k_groups,
-                   "variant": v, "by_T": {r["T"]: r for r in res}}
-            row["passkey"] = statistics.mean(r["passkey"]["accuracy"] for r in res)
-            sp = speed.get((name, v)) or (speed.get((name, "original")) if v == "original" else None)
-            row["speed_T"], row["prefill_x"], row["decode_x"] = sp if sp else (None, None, None)
-            rows.append(row)
-        seen_original = True
+        for r in d["results"]:
+            v = r["variant"]
+            key = ("—", v) if v == "original" else (name, v)
+            row = merged.setdefault(key, {"adapter": key[0], "K": None if v == "original" else k_groups,
+                                          "variant": v, "by_T": {}, "_name": name})
+            row["by_T"].setdefault(r["T"], r)
+    rows = sorted(merged.values(), key=lambda r: (r["variant"] != "original", r["adapter"]))
+    for row in rows:
+        sp = speed.get((row["_name"], row["variant"]))
+        row["speed_T"], row["prefill_x"], row["decode_x"] = sp if sp else (None, None, None)
     return rows
 
 
@@ -54,7 +51,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     head = ["adapter", "variant"]
     for t in ppl_t:
         head += [f"ppl domain T={t}", f"ppl OOD T={t}"]
-    head += [f"repeat-copy ppl T={t}" for t in lengths] + ["passkey acc (all T)"]
+    head += [f"repeat-copy ppl T={t}" for t in lengths] + [f"passkey T={t}" for t in lengths]
     head += [f"pairs kept T={lengths[-1]}", "prefill ×", "decode ×"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -65,7 +62,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
                 cells.append("—" if x is None else f"{x:.2f}" + ("" if r is base or b is None
                                                                  else f" ({100 * (x / b - 1):+.1f}%)"))
         cells += [_f(r["by_T"].get(t, {}).get("repeat_ppl")) for t in lengths]
-        cells.append(f"{r['passkey']:.2f}")
+        cells += [_f((r["by_T"].get(t) or {}).get("passkey", {}).get("accuracy")) for t in lengths]
         kept = r["by_T"].get(lengths[-1], {}).get("budget_pairs_kept")
         cells.append("100%" if r["variant"] == "original" else ("—" if kept is None else f"{100 * kept:.0f}%"))
         cells += [("—" if r["prefill_x"] is None else f"{r['prefill_x']:.2f}×"),
@@ -73,7 +70,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
         lines.append("| " + " | ".join(cells) + " |")
     speed_t = sorted({r["speed_T"] for r in rows if r["speed_T"]})
     notes = [f"Speed-ups: whole model against the original in the same `bench-model` run at T={speed_t}; "
-             "— = not measured. Passkey: mean accuracy over lengths and depths (teacher-forced greedy). Sliding, random "
+             "— = not measured. Passkey: accuracy over depths (teacher-forced greedy = what greedy decoding answers). Sliding, random "
              "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length."]
     cmds = [f"- `{d['command']}`" for d in long_docs + bench_docs if d.get("command")]
     out = "\n".join(lines + ["", *notes, "", "Commands:", "", *cmds])

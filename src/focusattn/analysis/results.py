@@ -11,7 +11,7 @@ from ..bench.report import render_markdown as bench_markdown
 from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
-from .pareto import render_pareto
+from .pareto import plot_pareto, render_pareto
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -65,6 +65,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     bench_docs = [_load(p) for p in sorted(d.glob("model_bench*.json"))]
     parts.append("## End to end: a trained adapter on the real model at long context\n")
     if long_docs:
+        plot_pareto(long_docs, bench_docs, d / "pareto.png")
         parts += ["Quality and whole-model speed of the same trained adapter, with the routing it learned, against "
                   "the original model and training-free baselines at the same kept-pair budget.\n",
                   render_pareto(long_docs, bench_docs,

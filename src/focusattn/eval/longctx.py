@@ -53,7 +53,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024, threads: int | None = None,
                   command: str | None = None, progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
-    needs ``ppl_windows`` windows of each length); the probes run at every length."""
+    needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
+    names (e.g. ``("original", "top1", "sliding@top1")``; None = all)."""
     from ..adapters import resolve
     from ..data.corpora import load_corpus
     from ..data.tokens import check_length, eval_windows, tokenize
@@ -93,7 +94,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         torch.manual_seed(0)
         others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None))
 
-    def variants(t: int, budget: dict):
+    def all_variants(t: int, budget: dict):
         """(name, model, setup) triples for length ``t``; ``setup()`` puts the model in that variant's state."""
         out = [("original", base, lambda: restore(base))]
         if soft and t <= soft_max_len:  # the soft gate is dense O(T^2) in memory: a training form, not a serving one
@@ -122,7 +123,9 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
         distance = min(repeat_distance, t // 2)
         tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
-        for name, m, setup in variants(t, budget):
+        for name, m, setup in all_variants(t, budget):
+            if variants is not None and name not in variants:
+                continue
             setup()
             row = {"T": t, "variant": name}
             if name.startswith("top") or "@" in name:

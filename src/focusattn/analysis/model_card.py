@@ -1,0 +1,60 @@
+"""Ship a trained adapter inside the package: copy the adapter files under ``focusattn/adapters/NAME/`` and write its
+model card (how it was trained, the command, its measured tables), all read from the run's JSON."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .._errors import InputError
+from .._io import write_text
+from ..adapters import HERE
+from ..bench.report import render_model_markdown
+from ..hf.io import CONFIG, WEIGHTS
+from .pareto import render_pareto
+from .report import retrofit_table
+
+
+def _need(path: Path, made_by: str) -> dict:
+    if not path.is_file():
+        raise InputError("run", str(path.parent), f"missing {path.name} (written by `{made_by}`)")
+    return json.loads(path.read_text())
+
+
+def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+    """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder."""
+    run = Path(run_dir)
+    summary = _need(run / "summary.json", "focusattn retrofit --out RUN")
+    for f in (CONFIG, WEIGHTS):
+        if not (run / "adapter" / f).is_file():
+            raise InputError("run", str(run), f"missing adapter/{f} (written by `focusattn retrofit --out RUN`)")
+    if not name or "/" in name or name.startswith("."):
+        raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8")
+    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    out = (dest or HERE) / name
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in (CONFIG, WEIGHTS):
+        shutil.copy2(run / "adapter" / f, tmp / f)
+    cfg = summary["config"]
+    lines = [f"# {name}", "",
+             f"A Focus adapter for `{cfg['model']}`: {summary['parameters']['router']:,} router parameters "
+             f"({summary['parameters']['percent']:.2f}% of the model), every pretrained weight frozen.", "",
+             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{cfg["model"]}")',
+             f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
+             "```", "", "## How it was trained", "", f"`{summary.get('command')}`", "",
+             f"Balance loss weight {cfg.get('balance_loss', 0)}, gate sharpness annealed to lambda = "
+             f"{cfg.get('lam_final') or cfg['focus']['lam']}; {summary['wall_seconds'] / 60:.0f} min on 2 CPU cores.",
+             "", "## Perplexity at the training length", "", retrofit_table(summary)]
+    if le is not None:
+        lines += ["", "## Long context: quality against the original model and baselines", "",
+                  render_pareto([le], [mb] if mb else [])]
+    if mb is not None:
+        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
+    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out

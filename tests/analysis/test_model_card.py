@@ -1,0 +1,45 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import focusattn as fa
+from focusattn.analysis.model_card import ship_adapter
+from tests.conftest import tiny_model
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _run_dir(tmp_path) -> Path:
+    run = tmp_path / "run"
+    m = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, window=4))
+    fa.save_adapter(m, run / "adapter")
+    shutil.copy(RESULTS / "retrofit_default.json", run / "summary.json")
+    return run
+
+
+def test_ship_adapter_writes_the_files_and_a_model_card(tmp_path):
+    run = _run_dir(tmp_path)
+    out = ship_adapter(run, "tiny-focus-k4", dest=tmp_path / "pkg")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "adapter.safetensors", "adapter_config.json"]
+    card = (out / "README.md").read_text()
+    assert 'fa.load_adapter(model, "tiny-focus-k4")' in card
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["command"] in card  # how it was trained, with the command
+    assert f"{summary['perplexity']['before']['domain']:.2f}" in card  # its measured table
+    assert not (tmp_path / "pkg" / "tiny-focus-k4.tmp").exists()
+
+
+def test_ship_adapter_names_what_is_missing(tmp_path):
+    run = _run_dir(tmp_path)
+    (run / "summary.json").unlink()
+    with pytest.raises(ValueError, match="missing summary.json .*focusattn retrofit"):
+        ship_adapter(run, "x", dest=tmp_path / "pkg")
+    run = _run_dir(tmp_path / "b")
+    (run / "adapter" / "adapter.safetensors").unlink()
+    with pytest.raises(ValueError, match="missing adapter/adapter.safetensors"):
+        ship_adapter(run, "x", dest=tmp_path / "pkg")
+    with pytest.raises(ValueError, match="plain folder name"):
+        ship_adapter(_run_dir(tmp_path / "c"), "../evil", dest=tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()
