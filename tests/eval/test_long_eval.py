@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import focusattn as fa
 from focusattn.cli import main
@@ -110,4 +109,3 @@ def test_adapters_load_by_name_and_refuse_another_k(adapter_dir, monkeypatch, tm
     fa.compose(other, fa.FocusConfig(num_groups=8))
     with pytest.raises(ValueError, match="K=4"):
         fa.load_adapter(other, "test-adapter")
-    del torch

@@ -50,7 +50,8 @@ def pairs_kept(model, tokens: np.ndarray) -> float:
 def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
                   soft: bool = True, soft_max_len: int = 4096, baselines=BASELINES, data: str = "shakespeare", ood_data: str | None = "lee-news",
                   ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
-                  passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024, threads: int | None = None,
+                  passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
+                  variants: tuple[str, ...] | None = None, threads: int | None = None,
                   command: str | None = None, progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
