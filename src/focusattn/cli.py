@@ -12,6 +12,7 @@ COMMANDS = [
     "focusattn.train.cli",
     "focusattn.bench.cli",
     "focusattn.gpt.cli",
+    "focusattn.eval.cli",
 ]
 
 
