@@ -14,7 +14,7 @@ Tasks (all loglikelihood-based, so they run offline with any model and need no a
 - ``focus_passkey``: a five-digit pass key hidden at depths 10%..90% of ~450 tokens of filler; the model chooses it
   among four five-digit numbers (loglikelihood of each continuation).
 
-``short`` contexts stay under ~100 words (< 128 tokens for a SmolLM2/GPT-2-style tokenizer; the real-model test checks
+``short`` contexts stay under 80 words and 330 characters (< 128 tokens for a SmolLM2/GPT-2-style tokenizer; the real-model test checks
 it), ``long`` contexts are 200-300 words (well over 128 tokens). Rebuild with ``python -m focusattn.eval.tasks.build``;
 ``--check`` verifies that the shipped files equal what the generator produces on this Python.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 OUT = Path(__file__).parent / "offline"
 SEED = 20260511
 SHORT_WORDS = (40, 80)
+SHORT_CHARS = 330  # and at most this many characters: < 128 tokens even for symbol-heavy sentences
 LONG_WORDS = (200, 300)
 LONG_GAP = 110  # words: the cloze answer must not occur in the last LONG_GAP words of a long context
 MAX_PER_TASK = 100
@@ -115,6 +116,8 @@ def cloze_docs(topics: dict[str, list[str]], lo: int, hi: int, gap: int | None, 
                 continue  # LAMBADA-style: the answer is recoverable from the context
             if gap is not None and target.lower() in before[-gap:]:
                 continue  # long: the only earlier occurrences lie beyond the local window
+            if hi <= SHORT_WORDS[1] and len(" ".join(words[begin:p])) > SHORT_CHARS:
+                continue
             docs.append({"topic": name, "context": " ".join(words[begin:p]), "target": target,
                          "context_words": p - begin})
             last_taken = p
@@ -130,6 +133,8 @@ def nextsent_docs(topics: dict[str, list[str]], lo: int, hi: int, rng: random.Ra
             if j >= len(sents) or not 6 <= len(sents[j].split()) <= 60:
                 continue
             gold = sents[j]
+            if hi <= SHORT_WORDS[1] and len(" ".join(sents[i:j])) > SHORT_CHARS:
+                continue
             used = set(sents[i:j + 2])
             pool = [s for s in sents if s not in used and 6 <= len(s.split()) <= 60]
             if len(pool) < 3:
