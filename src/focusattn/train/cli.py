@@ -49,6 +49,13 @@ def _retrofit(a) -> int:
 
 
 def _report(a) -> int:
+    if a.runs or a.html:  # one self-contained HTML page per run or comparison (analysis/html.py)
+        from ..analysis.html import write_html
+
+        if not a.runs:
+            raise ValueError("--html needs one or more RUN_DIR folders")
+        print(f"wrote {write_html(a.runs, a.html or f'{a.runs[0]}/report.html')}")
+        return 0
     from ..analysis.results import write_results
 
     path = write_results(a.results, a.out)
@@ -80,10 +87,12 @@ def register(sub) -> None:
     add_focus_args(p)
     p.set_defaults(func=_retrofit)
 
-    r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files",
+    r = sub.add_parser("report", help="docs/RESULTS.md from the result JSON files, or an HTML page of run folders",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
     r.add_argument("--out", default="docs/RESULTS.md")
+    r.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run folders: write one HTML page instead (see --html)")
+    r.add_argument("--html", default=None, help="HTML output for RUN_DIR... (default RUN_DIR/report.html)")
     r.set_defaults(func=_report)
     register_sinks(sub)
     register_groups(sub)
