@@ -5,7 +5,12 @@ import argparse
 
 
 def _eval(a) -> int:
+    import logging
+
     from .lm_eval_bridge import run_eval
+
+    if not a.verbose:  # lm-eval logs a warning per task and per in-memory model; -v shows them
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)
 
     res = run_eval(a.model, a.tasks, a.out, adapter=a.adapter, top_k=a.top_k, limit=a.limit,
                    batch_size=a.batch_size, num_fewshot=a.num_fewshot, bootstrap_iters=a.bootstrap_iters,
