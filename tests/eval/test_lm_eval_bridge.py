@@ -16,7 +16,7 @@ def test_eval_offline_side_by_side(tmp_path, tiny_llama_dir, capsys):
                "--tasks", "offline", "--limit", "3", "--top-k", "soft,1", "--bootstrap-iters", "10", "--batch-size", "8", "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "eval.json").read_text())
-    assert res["modes"] == ["original", "soft", "top1"]
+    assert res["modes"] == ["original", "soft", "top1"] and res["complete"] is True
     assert set(res["results"]) == set(OFFLINE_TASKS)
     assert res["versions"]["lm_eval"] == "0.4.13" and res["command"].startswith("focusattn eval")
     for task, by in res["results"].items():
@@ -72,3 +72,23 @@ def test_bad_arguments(tmp_path, tiny_llama_dir):
     rc = main(["eval", "--model", str(tiny_llama_dir / "llama"), "--adapter", str(tiny_llama_dir / "adapter_llama"),
                "--tasks", "focus_passkey", "--top-k", "9", "--out", str(tmp_path / "x")])
     assert rc == 2 and not (tmp_path / "x").exists()
+
+
+def test_interrupted_run_keeps_finished_modes(tmp_path, tiny_llama_dir, monkeypatch):
+    import focusattn.eval.lm_eval_bridge as bridge
+
+    real, calls = bridge._evaluate, []
+
+    def flaky(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bridge, "_evaluate", flaky)
+    rc = main(["eval", "--model", str(tiny_llama_dir / "llama"), "--adapter", str(tiny_llama_dir / "adapter_llama"),
+               "--tasks", "focus_cloze_short", "--limit", "2", "--top-k", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "eval.json").read_text())
+    assert rc == 130 and res["complete"] is False and res["modes"] == ["original"]
+    assert res["modes_requested"] == ["original", "top1"]
+    assert "Incomplete run" in (tmp_path / "eval.md").read_text()

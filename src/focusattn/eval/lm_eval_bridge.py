@@ -4,7 +4,8 @@ One model is loaded once. The adapter (if any) is loaded first, so a foreign or 
 evaluation; then Focus is removed (``decompose``), the original is evaluated, the adapter is loaded again and every
 requested mode (soft gate, hard top-k) is evaluated with :func:`focusattn.set_top_k`. lm-eval's response cache is
 off: every mode really runs. Results (per task, per mode: each metric with its standard error and the delta vs the
-original) go to ``OUT/eval.json`` and ``OUT/eval.md``, written atomically.
+original) go to ``OUT/eval.json`` and ``OUT/eval.md``, written atomically after every mode: a killed run keeps the
+modes it finished, marked ``"complete": false``.
 """
 from __future__ import annotations
 
@@ -190,6 +191,35 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
     lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
 
     results, n_samples, breakdowns, seconds = {}, {}, {}, {}
+    out = Path(out)
+    all_modes = [ORIGINAL] + [mode_name(k) for k in modes]
+    done: list[str] = []
+
+    def _result(done_modes: list[str], complete: bool) -> dict:
+        deltas = {task: {mode: {m: v["value"] - by[ORIGINAL][m]["value"] for m, v in ms.items()
+                                if m in by[ORIGINAL]}
+                         for mode, ms in by.items() if mode != ORIGINAL}
+                  for task, by in results.items() if ORIGINAL in by}
+        return {
+            "command": command,
+            "complete": complete,
+            "model": model_spec,
+            "adapter": str(adapter_dir) if adapter_dir else None,
+            "focus_config": cfg,
+            "tasks": names,
+            "limit": limit,
+            "num_fewshot": num_fewshot,
+            "modes": list(done_modes),
+            "modes_requested": all_modes,
+            "results": results,
+            "deltas": deltas,
+            "n_samples": n_samples,
+            "breakdowns": breakdowns,
+            "seconds": seconds,
+            "versions": {"lm_eval": lm_eval_version, "focusattn": __version__, "torch": torch.__version__,
+                         "transformers": transformers.__version__, "python": platform.python_version()},
+        }
+
     for mode in [ORIGINAL] + modes:
         name = mode if mode == ORIGINAL else mode_name(mode)
         if mode != ORIGINAL:
@@ -208,30 +238,17 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
         n_samples.update(n)
         for task, b in extra.items():
             breakdowns.setdefault(task, {})[name] = b
-    deltas = {task: {mode: {m: v["value"] - by[ORIGINAL][m]["value"] for m, v in ms.items() if m in by[ORIGINAL]}
-                     for mode, ms in by.items() if mode != ORIGINAL}
-              for task, by in results.items() if ORIGINAL in by}
-    res = {
-        "command": command,
-        "model": model_spec,
-        "adapter": str(adapter_dir) if adapter_dir else None,
-        "focus_config": cfg,
-        "tasks": names,
-        "limit": limit,
-        "num_fewshot": num_fewshot,
-        "modes": [ORIGINAL] + [mode_name(k) for k in modes],
-        "results": results,
-        "deltas": deltas,
-        "n_samples": n_samples,
-        "breakdowns": breakdowns,
-        "seconds": seconds,
-        "versions": {"lm_eval": lm_eval_version, "focusattn": __version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "python": platform.python_version()},
-    }
-    out = Path(out)
+        done.append(name)
+        if len(done) < len(all_modes):  # a killed run keeps the modes it finished (marked incomplete)
+            _write(out, _result(done, complete=False))
+    res = _result(done, complete=True)
+    _write(out, res)
+    return res
+
+
+def _write(out: Path, res: dict) -> None:
     write_json(out / "eval.json", res)
     write_text(out / "eval.md", render_markdown(res))
-    return res
 
 
 # ------------------------------------------------------------------------------------------------------- rendering
@@ -250,9 +267,12 @@ def render_markdown(res: dict) -> str:
     modes = res["modes"]
     lines = [f"Command: `{res.get('command')}`", "",
              f"model `{res['model']}`, adapter `{res.get('adapter')}`; lm-eval {res['versions']['lm_eval']}; "
-             f"limit {res.get('limit')}; value ± standard error (delta vs original)", "",
-             "| task | metric | n | " + " | ".join(m.replace("top", "top-") for m in modes) + " |",
-             "|---|---|---|" + "---|" * len(modes)]
+             f"limit {res.get('limit')}; value ± standard error (delta vs original)", ""]
+    if not res.get("complete", True):
+        lines += [f"**Incomplete run**: modes {', '.join(res['modes'])} of {', '.join(res['modes_requested'])} "
+                  "finished.", ""]
+    lines += ["| task | metric | n | " + " | ".join(m.replace("top", "top-") for m in modes) + " |",
+              "|---|---|---|" + "---|" * len(modes)]
     for task, by in res["results"].items():
         metrics = list(dict.fromkeys(m for ms in by.values() for m in ms))
         for metric in metrics:
