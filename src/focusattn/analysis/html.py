@@ -404,6 +404,9 @@ def sec_benchmarks(runs: list[dict]) -> str:
                         c += f" <span class='{'down' if good else 'up'}'>({d:+.3g})</span>" if d else " (±0)"
                     cells.append(c)
                 rows.append(cells)
+        if not ev.get("complete", True):
+            out.append(f"<p class='missing'><b>{_e(r['name'])}</b>: incomplete eval run; finished "
+                       f"{_e(', '.join(modes))} of {_e(', '.join(ev.get('modes_requested', modes)))}.</p>")
         out.append(f"<h3>{_e(r['name'])}</h3><p class='muted'>lm-eval {_e(ev['versions'].get('lm_eval'))}; value ± "
                    "standard error (delta vs the original model; green = better).</p>"
                    + _table(["task", "metric", "n"] + [m.replace("top", "top-") for m in modes], rows))
