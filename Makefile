@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,gguf,plot]"
+	$(PY) -m pip install -q -e ".[dev,gguf,plot,eval]"
+	@# headless Chromium for the HTML report test (skipped without it); never fails where apt is unavailable
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "note: chromium not installed; the HTML rendering test will be skipped"
 	touch $(STAMP)
 
 # The main job on the offline defaults: retrofit Focus onto SmolLM2-135M with Shakespeare (~15 min on 2 cores).

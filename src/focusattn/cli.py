@@ -13,9 +13,10 @@ from .gpt import cli as gpt_cli
 from .train import cli as train_cli
 
 # Subcommand modules: each exposes ``register(subparsers)`` and sets ``func`` (args -> exit code) on its parser.
+from .eval import cli as eval_cli
 from .eval import long_cli as long_eval_cli
 
-COMMANDS = [train_cli, analysis_cli, bench_cli, gpt_cli, long_eval_cli]
+COMMANDS = [train_cli, analysis_cli, bench_cli, gpt_cli, eval_cli, long_eval_cli]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,12 +17,18 @@ def shipped() -> list[str]:
 
 
 def resolve(spec: str | os.PathLike) -> Path:
-    """A shipped adapter's name or a folder path -> the adapter folder. Unknown names list the shipped ones."""
-    p = Path(spec)
-    if p.is_dir():
+    """A shipped adapter's name, an adapter folder or a retrofit run folder -> the adapter folder. Unknown names list
+    the shipped ones."""
+    p = Path(spec).expanduser()
+    if (p / "adapter_config.json").is_file():
         return p
+    if (p / "adapter" / "adapter_config.json").is_file():  # a `focusattn retrofit --out` run folder
+        return p / "adapter"
+    if p.is_dir():
+        raise ValueError(f"adapter {str(spec)!r}: missing adapter_config.json (expected a folder written by "
+                         "`focusattn retrofit`: RUN/adapter)")
     if isinstance(spec, str) and (HERE / spec / "adapter_config.json").is_file() and "/" not in spec:
         return HERE / spec
     names = shipped()
-    raise ValueError(f"adapter {str(spec)!r} is neither a folder nor a shipped adapter; shipped: "
-                     f"{', '.join(names) if names else '(none)'}")
+    raise ValueError(f"adapter {str(spec)!r}: no such adapter folder, and not a shipped adapter (shipped: "
+                     f"{', '.join(names) if names else 'none'})")

@@ -30,6 +30,13 @@ def add_eval_windows(p: argparse.ArgumentParser, default: int) -> None:
 
 
 def _report(a) -> int:
+    if a.runs or a.html:  # one self-contained HTML page per run or comparison (analysis/html.py)
+        from .html import write_html
+
+        if not a.runs:
+            raise ValueError("--html needs one or more RUN_DIR folders")
+        print(f"wrote {write_html(a.runs, a.html or f'{a.runs[0]}/report.html')}")
+        return 0
     path = write_results(a.results, a.out)
     print(f"wrote {path}")
     return 0
@@ -75,6 +82,8 @@ def register(sub) -> None:
     r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files", formatter_class=fmt)
     r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
     r.add_argument("--out", default="docs/RESULTS.md")
+    r.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run folders: write one HTML page instead (see --html)")
+    r.add_argument("--html", default=None, help="HTML output for RUN_DIR... (default RUN_DIR/report.html)")
     r.set_defaults(func=_report)
 
     s = sub.add_parser("ship-adapter", help="copy a run's adapter into the package (focusattn/adapters/NAME) with a "
