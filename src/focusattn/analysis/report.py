@@ -13,7 +13,9 @@ def retrofit_table(s: dict) -> str:
     lines = [
         f"model `{cfg['model']}`, data `{cfg['data']}`, {cfg['steps']} steps x {cfg['batch_size'] * cfg['grad_accum']}"
         f" x {cfg['seq_len']} tokens; K={f['num_groups']}, d_g={f['group_dim']}, w={f['window']}, gate={f['gate']}"
-        f" (lam={f['lam']}, offset={f['gate_offset']}), routing={f['routing']}, sink tokens={f.get('sink_tokens', 0)}",
+        f" (lam={cfg.get('lam_final') or f['lam']}, offset={f['gate_offset']}), routing={f['routing']}, sink tokens="
+        f"{f.get('sink_tokens', 0)}" + (f", balance loss {cfg['balance_loss']}" if cfg.get("balance_loss") else "")
+        + (f" (lam annealed from {f['lam']})" if cfg.get("lam_final") else ""),
         "",
         f"trainable parameters: {par['router']:,} ({par['percent']:.3f}% of {par['total']:,})",
         "",
