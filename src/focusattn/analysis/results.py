@@ -115,7 +115,25 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += [f"![{Path(png).stem}](results/{png})\n" for png in plots if (d / png).exists()]
     out = Path(out)
     write_text(out, "\n".join(parts))
+    if long_docs:
+        readme = out.parent.parent / "README.md"
+        update_block(readme, "pareto", render_pareto(long_docs, bench_docs, plot_link="docs/results/pareto.png"))
     return out
+
+
+def update_block(path: Path, name: str, text: str) -> bool:
+    """Replace what stands between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in ``path`` (README's generated
+    Pareto table), so the README never carries a hand-typed copy of a measured number. False when there are no
+    markers."""
+    if not path.is_file():
+        return False
+    s = path.read_text()
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in s or end not in s:
+        return False
+    head, rest = s.split(begin, 1)
+    write_text(path, head + begin + "\n" + text.strip() + "\n" + end + rest.split(end, 1)[1])
+    return True
 
 
 def render_lazy_bench(res: dict) -> str:

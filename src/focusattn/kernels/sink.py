@@ -29,8 +29,9 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     # indices of each row's sink keys, padded with the last index (masked below)
     order = torch.argsort((~sink_keys).to(torch.int8), dim=-1, stable=True)[:, :n]  # [B, n]
     valid = sink_keys.gather(1, order)  # [B, n]
-    ks = expand_kv(k, hq).gather(2, order[:, None, :, None].expand(b, hq, n, d))
-    vs = expand_kv(v, hq).gather(2, order[:, None, :, None].expand(b, hq, n, d))
+    # gather the n sink keys first, then repeat for GQA: O(n), not a copy of all Tk keys (a decode step per layer)
+    idx = order[:, None, :, None].expand(b, k.shape[1], n, d)
+    ks, vs = expand_kv(k.gather(2, idx), hq), expand_kv(v.gather(2, idx), hq)
     s = apply_softcap(torch.matmul(q, ks.transpose(-1, -2)).float() * default_scale(d, scale), softcap)
     qpos = torch.arange(tk - tq, tk, device=q.device)
     dist = qpos[None, :, None] - order[:, None, :]  # [B, Tq, n]
