@@ -12,7 +12,9 @@ from .._io import pyplot
 
 
 def _adapter_name(doc: dict) -> str:
-    return Path(doc["adapter"]).name if "/" in doc["adapter"] else doc["adapter"]
+    """A shipped name as is; a folder by its name (a retrofit run's ``RUN/adapter`` by the run's name)."""
+    p = Path(doc["adapter"])
+    return p.parent.name if p.name == "adapter" else p.name
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
