@@ -129,29 +129,14 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
     """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing."""
     from tqdm.auto import tqdm
 
-    from ..adapters import resolve
     from ..data.corpora import load_corpus
     from ..data.tokens import tokenize
-    from ..hf import focus_config, load_adapter, load_model, set_top_k
+    from ..hf import focus_config, set_top_k
     from ..hf.attention_fn import focus_attention_forward
-    from ..hf.io import read_adapter_config
+    from ..hf.pair import load_pair
 
-    adapter_dir = resolve(adapter)
-    meta = read_adapter_config(adapter_dir)
-    k_groups = meta["focus_config"]["num_groups"]
-    bad = [k for k in top_ks if not 1 <= int(k) <= k_groups]
-    if bad:
-        raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={k_groups}): allowed 1..{k_groups}")
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    base, tok = load_model(model)
-    max_pos = getattr(base.config, "max_position_embeddings", None)
-    lengths = sorted(set(int(t) for t in lengths))
-    if max_pos is not None and lengths[-1] > max_pos:
-        raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
-    focus, _ = load_model(model)
-    load_adapter(focus, adapter_dir)
-    focus.eval()
+    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads)
+    base, focus, tok, lengths = pair.base, pair.focus, pair.tokenizer, pair.lengths
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)
     if len(val) < lengths[-1]:
         raise ValueError(f"{data} validation split has {len(val)} tokens, fewer than length {lengths[-1]}")

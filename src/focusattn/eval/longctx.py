@@ -56,38 +56,23 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
     names (e.g. ``("original", "top1", "sliding@top1")``; None = all)."""
-    from ..adapters import resolve
     from ..data.corpora import load_corpus
     from ..data.tokens import check_length, eval_windows, tokenize
-    from ..focus.config import FocusConfig
-    from ..hf import compose, focus_config, load_adapter, load_model, set_top_k
+    from ..hf import compose, focus_config, load_model, set_top_k
     from ..hf.baselines import restore, sliding_sink, window_for_budget
-    from ..hf.io import read_adapter_config
+    from ..hf.pair import load_pair
 
-    adapter_dir = resolve(adapter)
-    cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise ValueError(f"unknown baseline(s) {bad}: allowed {list(BASELINES)}")
-    bad = [k for k in top_ks if not 1 <= k <= cfg.num_groups]
-    if bad:
-        raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={cfg.num_groups})")
-    if threads is not None:
-        torch.set_num_threads(int(threads))
-    base, tok = load_model(model)
-    max_pos = getattr(base.config, "max_position_embeddings", None)
-    lengths = sorted(set(int(t) for t in lengths))
-    if max_pos is not None and lengths[-1] > max_pos:
-        raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
+    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads)
+    base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
     for split, name in corpora.items():
         val[split] = tokenize(load_corpus(name), tok, tokenizer_id=model)[1]
         check_length(val[split], lengths[-1], f"{name} validation split")
 
-    focus, _ = load_model(model)
-    load_adapter(focus, adapter_dir)
-    focus.eval()
     others = {}
     if "random" in baselines:
         others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random"))

@@ -1,0 +1,43 @@
+"""The original model and a copy with a Focus adapter, side by side, for commands that compare them (``bench-model``,
+``long-eval``). Inputs are checked before anything heavy runs, so bad input fails fast and writes nothing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..focus.config import FocusConfig
+
+
+@dataclass
+class Pair:
+    base: torch.nn.Module  # the original model (its own attention)
+    focus: torch.nn.Module  # a second copy with the adapter loaded, in eval mode
+    tokenizer: object
+    cfg: FocusConfig  # the adapter's config
+    adapter_dir: object
+    lengths: list[int]  # sorted, unique
+
+
+def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = None) -> Pair:
+    from ..adapters import resolve
+    from .io import load_adapter, read_adapter_config
+    from .loading import load_model
+
+    adapter_dir = resolve(adapter)
+    cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
+    bad = [k for k in top_ks if not 1 <= int(k) <= cfg.num_groups]
+    if bad:
+        raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={cfg.num_groups}): allowed "
+                         f"1..{cfg.num_groups}")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    base, tok = load_model(model)
+    max_pos = getattr(base.config, "max_position_embeddings", None)
+    lengths = sorted(set(int(t) for t in lengths))
+    if max_pos is not None and lengths[-1] > max_pos:
+        raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
+    focus, _ = load_model(model)
+    load_adapter(focus, adapter_dir)
+    focus.eval()
+    return Pair(base, focus, tok, cfg, adapter_dir, lengths)
