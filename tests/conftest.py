@@ -89,9 +89,8 @@ def tiny_model(name):
     return m.eval()
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """A saved tiny Llama with a char-level tokenizer (``model/``) and a local text corpus (``corpus/``)."""
+def char_tokenizer():
+    """A character-level tokenizer whose ids (0..96) fit the tiny models' vocabulary ``V``: no files, no network."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,7 +98,13 @@ def tiny_dir(tmp_path_factory):
     vocab.update({"[UNK]": 95, "[EOS]": 96})
     t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     t.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="[EOS]", unk_token="[UNK]")
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="[EOS]", unk_token="[UNK]")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A saved tiny Llama with a char-level tokenizer (``model/``) and a local text corpus (``corpus/``)."""
+    tok = char_tokenizer()
     d = tmp_path_factory.mktemp("tiny")
     model = tiny_model("llama")
     model.save_pretrained(d / "model")

@@ -5,17 +5,10 @@ import pytest
 def tiny_llama_dir(tmp_path_factory):
     """A tiny random Llama with a character-level tokenizer, saved as a local model folder, plus a Focus adapter
     (random routers) made for it and one made for a different architecture."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     import focusattn as fa
-    from tests.conftest import tiny_model
+    from tests.conftest import char_tokenizer, tiny_model
 
-    vocab = {chr(i): i - 32 for i in range(32, 127)}
-    vocab.update({"[UNK]": 95, "[EOS]": 96})
-    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    t.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="[EOS]", unk_token="[UNK]")
+    tok = char_tokenizer()
     d = tmp_path_factory.mktemp("tiny_eval")
     for name in ("llama", "gpt2"):
         m = tiny_model(name)
