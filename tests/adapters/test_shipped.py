@@ -48,9 +48,10 @@ def test_groups_stay_balanced_on_held_out_text_of_the_training_kind(name):
     assert max(shares) <= 2 / cfg.num_groups, f"largest group per layer: {[round(s, 2) for s in shares]}"
 
 
-@pytest.mark.xfail(strict=True, reason="known shortfall, measured: the causal offsets are calibrated on the training "
-                   "corpus; on news text the largest group of late layers holds up to ~0.9 of the tokens (see RESULTS)")
 @pytest.mark.parametrize("name", NAMES)
 def test_groups_stay_balanced_on_text_of_another_kind(name):
+    """As shipped (online rebalancing on): the offsets learned on Shakespeare alone put up to ~0.9 of news tokens in
+    one group of a late layer (measured); re-estimating them from the sequence's own past keeps every layer <= 2/K."""
     *_, shares, cfg = _routing_shares(name, "lee-news")
+    assert cfg.rebalance > 0
     assert max(shares) <= 2 / cfg.num_groups, f"largest group per layer: {[round(s, 2) for s in shares]}"

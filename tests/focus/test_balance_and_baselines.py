@@ -96,3 +96,32 @@ def test_sliding_sink_baseline_matches_its_mask():
     keep = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0],
                          [1, 1, 1, 1, 1, 0], [1, 0, 1, 1, 1, 1]], dtype=torch.bool)
     assert pairs_kept_sliding(6, 3) == pytest.approx(keep.sum().item() / 21)
+
+
+def test_online_rebalancing_balances_a_collapsed_router_and_stays_causal():
+    """Learned offsets that favour one group (text unlike the training corpus) are corrected from the sequence's
+    own earlier tokens: every chunk after the first is near balanced, and no token depends on a later one."""
+    torch.manual_seed(0)
+    cfg = fa.FocusConfig(num_groups=4, group_dim=8, top_k=1, rebalance=64)
+    r = FocusRouter(16, cfg).eval()
+    with torch.no_grad():
+        r.offsets.copy_(torch.tensor([15.0, -5.0, -5.0, -5.0]))  # stale offsets: group 0 takes nearly every token
+        r.offsets_ready.fill_(True)
+    h = torch.randn(1, 512, 16)
+    plain = FocusRouter(16, fa.FocusConfig(num_groups=4, group_dim=8, top_k=1)).eval()
+    plain.load_state_dict(r.state_dict())
+    share = lambda routing: routing.membership[0, 64:].float().mean(0).max().item()  # noqa: E731
+    assert share(plain(h)) > 0.9
+    assert share(r(h)) < 2 / 4
+    full = r(h).groups
+    h2 = h.clone()
+    h2[:, 300:] = torch.randn(1, 212, 16)
+    torch.testing.assert_close(r(h2).groups[:, :300], full[:, :300])  # causal
+    assert not torch.allclose(r(h2).groups[:, 320:], full[:, 320:])
+
+
+def test_rebalance_needs_causal_routing_and_an_int():
+    with pytest.raises(ValueError, match="rebalance"):
+        fa.FocusConfig(routing="sequence", rebalance=64)
+    with pytest.raises(ValueError, match="rebalance"):
+        fa.FocusConfig(rebalance=-1)

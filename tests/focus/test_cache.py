@@ -7,10 +7,10 @@ from focusattn.hf import last_routing, routing_caches, update_config
 from tests.conftest import V, tiny_model
 
 
-@pytest.mark.parametrize("top_k", [None, 1])
-def test_prefill_plus_decode_steps_equal_one_prefill(top_k):
+@pytest.mark.parametrize("top_k,rebalance", [(None, 0), (1, 0), (None, 8), (2, 7)])
+def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance):
     m = tiny_model("llama")
-    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k)).eval()
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, rebalance=rebalance)).eval()
     x = torch.randint(1, V, (2, 40))
     with torch.no_grad():
         m(x)
@@ -39,3 +39,21 @@ def test_training_forwards_are_not_kept_and_config_changes_reset():
     assert last_routing(m)[0].groups.shape == (1, 12, 4)
     update_config(m, top_k=1)
     assert last_routing(m) == [None, None]
+
+
+def test_rebalanced_decode_after_padded_prefill_matches_its_prefill():
+    """Left padding stays out of the online potentials in the prefill and in every decode step after it."""
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, rebalance=6)).eval()
+    x = torch.randint(1, V, (2, 30))
+    mask = torch.ones(2, 30, dtype=torch.long)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        m(x, attention_mask=mask)
+        whole = [r.groups.clone() for r in last_routing(m)]
+        cache = m(x[:, :18], attention_mask=mask[:, :18], use_cache=True).past_key_values
+        for i in range(18, 30):
+            cache = m(x[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
+                      use_cache=True).past_key_values
+    for layer, r in enumerate(last_routing(m)):
+        torch.testing.assert_close(r.groups[:, 5:], whole[layer][:, 5:])

@@ -45,7 +45,7 @@ def _report(a) -> int:
 def _ship(a) -> int:
     from .model_card import ship_adapter
 
-    out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench)
+    out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench, rebalance=a.rebalance)
     print(f"wrote {out} (adapter + README.md model card)")
     return 0
 
@@ -92,6 +92,8 @@ def register(sub) -> None:
     s.add_argument("--name", required=True, help="e.g. smollm2-135m-focus-k8")
     s.add_argument("--long-eval", default=None, help="long_eval.json of this adapter (`focusattn long-eval`)")
     s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
+    s.add_argument("--rebalance", type=int, default=None,
+                   help="ship with this online-rebalancing interval in tokens (inference setting; 0 = off)")
     s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",

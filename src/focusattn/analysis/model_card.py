@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 from .._errors import InputError
-from .._io import write_text
+from .._io import write_json, write_text
+from ..focus.config import FocusConfig
 from ..adapters import HERE
 from ..bench.report import render_model_markdown
 from ..hf.io import CONFIG, WEIGHTS
@@ -21,8 +22,10 @@ def _need(path: Path, made_by: str) -> dict:
     return json.loads(path.read_text())
 
 
-def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
-    """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder."""
+def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,
+                 rebalance: int | None = None) -> Path:
+    """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder.
+    ``rebalance``: ship the adapter with this online-rebalancing interval (an inference setting; see FocusConfig)."""
     run = Path(run_dir)
     summary = _need(run / "summary.json", "focusattn retrofit --out RUN")
     for f in (CONFIG, WEIGHTS):
@@ -38,6 +41,14 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     tmp.mkdir(parents=True)
     for f in (CONFIG, WEIGHTS):
         shutil.copy2(run / "adapter" / f, tmp / f)
+    served = ""
+    if rebalance is not None:
+        acfg = json.loads((tmp / CONFIG).read_text())
+        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "rebalance": int(rebalance)}).to_dict()
+        write_json(tmp / CONFIG, acfg)
+        served = (f" Shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`, an inference "
+                  "setting not used in training: groups stay balanced on text unlike the training corpus); "
+                  "`fa.update_config(model, rebalance=0)` serves the learned offsets alone.")
     cfg = summary["config"]
     lines = [f"# {name}", "",
              f"A Focus adapter for `{cfg['model']}`: {summary['parameters']['router']:,} router parameters "
@@ -46,7 +57,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
              f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
              "```", "", "## How it was trained", "", f"`{summary.get('command')}`", "",
              f"Balance loss weight {cfg.get('balance_loss', 0)}, gate sharpness annealed to lambda = "
-             f"{cfg.get('lam_final') or cfg['focus']['lam']}; {summary['wall_seconds'] / 60:.0f} min on 2 CPU cores.",
+             f"{cfg.get('lam_final') or cfg['focus']['lam']}; {summary['wall_seconds'] / 60:.0f} min on 2 CPU cores.{served}",
              "", "## Perplexity at the training length", "", retrofit_table(summary)]
     if le is not None:
         lines += ["", "## Long context: quality against the original model and baselines", "",

@@ -12,9 +12,12 @@ from .._io import pyplot
 
 
 def _adapter_name(doc: dict) -> str:
-    """A shipped name as is; a folder by its name (a retrofit run's ``RUN/adapter`` by the run's name)."""
+    """A shipped name as is; a folder by its name (a retrofit run's ``RUN/adapter`` by the run's name); ``+rebalance N``
+    when the run served the adapter with online rebalancing."""
     p = Path(doc["adapter"])
-    return p.parent.name if p.name == "adapter" else p.name
+    name = p.parent.name if p.name == "adapter" else p.name
+    rb = (doc.get("focus_config") or {}).get("rebalance") or 0
+    return f"{name} +rebalance {rb}" if rb else name
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:

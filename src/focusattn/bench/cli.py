@@ -40,6 +40,8 @@ def register(subparsers) -> None:
     m.add_argument("--repeats", type=int, default=2)
     m.add_argument("--decode-tokens", type=int, default=8, help="decode steps timed per repeat")
     m.add_argument("--threads", type=int, default=None)
+    m.add_argument("--rebalance", type=int, default=None,
+                   help="override the adapter's online rebalancing interval (tokens; 0 = off)")
     m.add_argument("--out", required=True)
     m.set_defaults(func=_model_handler)
 
@@ -50,7 +52,7 @@ def _model_handler(args) -> int:
 
     doc = run_model_bench(args.out, model=args.model, adapter=args.adapter, lengths=_ints(args.lengths),
                           top_ks=_ints(args.top_k), data=args.data, repeats=args.repeats,
-                          decode_tokens=args.decode_tokens, threads=args.threads,
+                          decode_tokens=args.decode_tokens, threads=args.threads, rebalance=args.rebalance,
                           command=getattr(args, "command_line", None))
     print(render_model_markdown(doc))
     print(f"wrote {args.out}/model_bench.json and {args.out}/model_bench.png")

@@ -5,7 +5,8 @@ Per length T, in one process and alternating the variants (``original``, then ``
 
 * **prefill** as ``generate`` does it: the whole prompt with a KV cache, logits of the last token only;
 * **decode**: mean latency of one new token at that context (KV cache, ``decode_tokens`` greedy steps);
-* **attention share**: seconds spent inside the registered attention function over the prefill's total;
+* **attention share**: seconds spent inside the registered attention function over the prefill's total, and the
+  same for a decode step (``1 / (1 - share)`` bounds what any faster attention can win there);
 * **peak memory** of the first prefill (rise of peak RSS, see ``bench.kernels``);
 * **routing**: per layer, the largest group's share of tokens and the group-part cost ``sum_g n_g(n_g+1)/2`` over the
   balanced value, and the cost-model ratio ``T(T+1)/2 / (sum_g n_g(n_g+1)/2 + T*w)`` of the learned routing;
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .._io import write_json
+from ..analysis.balance import routing_stats
 from .common import random_membership
 from .memory import PeakRSS
 from .report import plot_model_bench
@@ -69,33 +71,17 @@ def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=
     prefill = time.perf_counter() - t0
     attn = clock.seconds
     cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    steps = []
+    steps, attn_steps = [], []
     for _ in range(decode_tokens):
+        clock.seconds = 0.0
         t0 = time.perf_counter()
         out = model(tok, past_key_values=cache, use_cache=True)
         steps.append(time.perf_counter() - t0)
+        attn_steps.append(clock.seconds)
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    return {"prefill_s": prefill, "attention_s": attn, "decode_s": statistics.median(steps) if steps else None,
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return {"prefill_s": prefill, "attention_s": attn, "decode_s": med(steps), "decode_attention_s": med(attn_steps),
             "peak_bytes": peak}
-
-
-def _routing_stats(model, t: int) -> dict:
-    from ..hf import last_routing, routers
-
-    layers = []
-    for r, routing in zip(routers(model), last_routing(model)):
-        m = routing.membership
-        n = m[0, :t].sum(0).double()
-        k_groups, top_k = m.shape[-1], int(m[0, 0].sum())
-        balanced = k_groups * (top_k * t / k_groups) * (top_k * t / k_groups + 1) / 2
-        group_cost = float((n * (n + 1) / 2).sum())
-        top1 = torch.bincount(routing.groups[0, :t].argmax(-1), minlength=k_groups).double()
-        layers.append({"largest_share": float(top1.max() / t), "group_cost_vs_balanced": group_cost / balanced,
-                       "cost_model_ratio": (t * (t + 1) / 2) / (group_cost + t * min(r.cfg.window, t))})
-    return {"layers": layers,
-            "max_largest_share": max(x["largest_share"] for x in layers),
-            "max_group_cost_vs_balanced": max(x["group_cost_vs_balanced"] for x in layers),
-            "mean_cost_model_ratio": statistics.mean(x["cost_model_ratio"] for x in layers)}
 
 
 @torch.no_grad()
@@ -125,7 +111,8 @@ def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
 
 def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
                     data: str = "shakespeare", repeats: int = 2, decode_tokens: int = 8, kernel_repeats: int = 1,
-                    threads: int | None = None, command: str | None = None, progress: bool = True) -> dict:
+                    threads: int | None = None, rebalance: int | None = None, command: str | None = None,
+                    progress: bool = True) -> dict:
     """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing."""
     from tqdm.auto import tqdm
 
@@ -135,7 +122,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
     from ..hf.attention_fn import focus_attention_forward
     from ..hf.pair import load_pair
 
-    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads)
+    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance)
     base, focus, tok, lengths = pair.base, pair.focus, pair.tokenizer, pair.lengths
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)
     if len(val) < lengths[-1]:
@@ -166,7 +153,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
                     set_top_k(m, k)  # a fresh prefill leaves the learned routing of exactly T tokens
                     with torch.no_grad():
                         m(x, use_cache=True, logits_to_keep=1)
-                    routing[name] = _routing_stats(m, t)
+                    routing[name] = routing_stats(m, t)
                     kernel[name] = _kernel_real_vs_random(m, t, kernel_repeats)
         base_row = _summarise(runs["original"])
         for name, *_ in variants:
@@ -191,5 +178,9 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
 
 def _summarise(runs: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs) if runs[0][key] is not None else None  # noqa: E731
-    return {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
-            "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"]}
+    row = {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
+           "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"]}
+    if runs[0].get("decode_attention_s") is not None:  # the most a faster attention can win per decode step
+        row["decode_attention_s"] = med("decode_attention_s")
+        row["decode_attention_share"] = row["decode_attention_s"] / row["decode_s"]
+    return row

@@ -138,6 +138,10 @@ def plot_bench(doc, path) -> None:
     plt.close(fig)
 
 
+def _pct(x) -> str:
+    return "—" if x is None else f"{x:.0%}"
+
+
 def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> str:
     """The whole-model benchmark (``model_bench.json``) as a table; ratios are to the original model, same run."""
     cfg = doc["focus_config"]
@@ -147,9 +151,10 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
         f"{doc['repeats']} alternating repeats; decode = one new token at context T (median of "
         f"{doc['decode_tokens']} steps).",
         "",
-        "| T | variant | prefill s | × | decode ms/token | × | attention share | attention × | peak MiB | "
-        "largest group (max over layers) | group cost / balanced (max) | cost-model × | kernel real/random speed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| T | variant | prefill s | × | decode ms/token | × | attention share (prefill) | attention × | "
+        "attention share (decode) | peak MiB | largest group (max over layers) | group cost / balanced (max) | "
+        "cost-model × | kernel real/random speed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         rt, kn = r.get("routing") or {}, r.get("kernel") or {}
@@ -160,7 +165,8 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
         lines.append(
             f"| {r['T']} | {r['variant']} | {r['prefill_s']:.2f} | {_x(r['prefill_speedup'])} | {_ms(r['decode_s'])} | "
             f"{_x(r['decode_speedup'])} | {r['attention_share']:.0%} | {_x(r['attention_speedup'])} | "
-            f"{_mib(r['peak_bytes'])} | {share} | {cost} | {model_x} | {real} |")
+            f"{_pct(r.get('decode_attention_share'))} | {_mib(r['peak_bytes'])} | {share} | {cost} | {model_x} | "
+            f"{real} |")
     lines += ["", f"Command: `{doc['command']}`", "", f"![model bench]({plot_link})"]
     return "\n".join(lines)
 

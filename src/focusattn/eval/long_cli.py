@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--variants", default="", help="comma list of variants to keep, e.g. original,top1,sliding@top1 "
                    "(default: all)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rebalance", type=int, default=None,
+                   help="override the adapter's online rebalancing interval (tokens; 0 = off)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_run)
 
@@ -35,6 +37,6 @@ def _run(a) -> int:
                         soft=not a.no_soft, baselines=tuple(b for b in a.baselines.split(",") if b), data=a.data,
                         ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
                         ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth, repeat_n=a.repeat_n,
-                        variants=tuple(v for v in a.variants.split(",") if v) or None, threads=a.threads, command=getattr(a, "command_line", None))
+                        variants=tuple(v for v in a.variants.split(",") if v) or None, threads=a.threads, rebalance=a.rebalance, command=getattr(a, "command_line", None))
     print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
     return 0

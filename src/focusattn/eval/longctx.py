@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .._io import write_json
+from ..analysis.balance import routing_stats
 from .perplexity import perplexity
 from .probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
 
@@ -52,7 +53,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
-                  command: str | None = None, progress: bool = True) -> dict:
+                  rebalance: int | None = None, command: str | None = None, progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
     names (e.g. ``("original", "top1", "sliding@top1")``; None = all)."""
@@ -65,7 +66,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise ValueError(f"unknown baseline(s) {bad}: allowed {list(BASELINES)}")
-    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads)
+    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
@@ -75,7 +76,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
 
     others = {}
     if "random" in baselines:
-        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random"))
+        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random", rebalance=0))
     if "untrained" in baselines:
         torch.manual_seed(0)
         others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None))
@@ -123,6 +124,11 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                 desc = f"T={t} {name} {key}"
                 if key.startswith("ppl_"):
                     row[key] = perplexity(m, inputs, desc=desc, progress=progress)["ppl"]
+                    if m is not base and name != "soft" and not name.startswith("random"):
+                        # the learned routing's balance on this corpus (last window): what the kernels pay
+                        stats = routing_stats(m, t)
+                        row[f"balance_{key[4:]}"] = {k: stats[k] for k in ("max_largest_share",
+                                                                           "max_group_cost_vs_balanced")}
                 elif key == "passkey":
                     row["passkey"] = passkey_accuracy(m, inputs, desc=desc, progress=progress)
                 else:

@@ -83,6 +83,9 @@ class RoutingCache:
         """Forget every cached token (a config change, a new generation)."""
         self._groups: _Rows | None = None
         self._index: GroupIndex | None = None
+        self._scores: _Rows | None = None  # router logits, kept for online rebalancing (cfg.rebalance)
+        self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
+        self._memo: dict = {}  # rebalancing boundary -> potentials
 
     # ------------------------------------------------------------------------------------------- routing
     def route(self, router: FocusRouter, h: torch.Tensor, tk: int, *, key_padding_mask: torch.Tensor | None = None,
@@ -92,17 +95,31 @@ class RoutingCache:
         ``key_padding_mask`` [B, Tk] (prefill only) keeps padding out of the routing statistics."""
         tq = h.shape[1]
         if tq == tk:
-            return CallRouting(self.prefill(router(h, mask=key_padding_mask, start=0), keep=keep))
+            memo: dict = {}
+            routing = router(h, mask=key_padding_mask, start=0, memo=memo)
+            return CallRouting(self.prefill(routing, keep=keep, valid=key_padding_mask, memo=memo))
         if router.cfg.routing == "sequence":
             raise ValueError("decoding with a KV cache needs FocusConfig.routing='causal' (sequence routing sees the "
                              "future); compose with routing='causal'")
-        return self.step(router(h, start=tk - tq), tk, sliding_window=sliding_window)
+        start = len(self._groups) if self._groups is not None else tk - tq  # absolute (a trimmed KV cache: tk < it)
+        past = None
+        if router.cfg.rebalance:
+            if self._scores is None or len(self._scores) != start:
+                raise RuntimeError("online rebalancing needs the router scores of every cached token: start "
+                                   "generation with a full prefill after setting rebalance")
+            past = (self._scores.view(), None if self._valid is None else self._valid.view()[..., 0])
+        return self.step(router(h, start=start, past=past, memo=self._memo), tk,
+                         sliding_window=sliding_window)
 
-    def prefill(self, routing: Routing, *, keep: bool = True) -> Routing:
+    def prefill(self, routing: Routing, *, keep: bool = True, valid: torch.Tensor | None = None,
+                memo: dict | None = None) -> Routing:
         """A full forward's routing; with ``keep`` it replaces the cache (the start of a generation)."""
         if keep:
             self._groups = _Rows(routing.groups)
             self._index = None if routing.membership is None else GroupIndex(routing.membership)
+            self._scores = None if routing.scores is None else _Rows(routing.scores)
+            self._valid = None if valid is None else _Rows(valid[..., None])
+            self._memo = {} if memo is None else memo
         return routing
 
     def cached(self, hard: bool) -> int:
@@ -123,6 +140,10 @@ class RoutingCache:
             raise RuntimeError(f"Focus routing cache holds {max(cached, 0)} tokens but the KV cache has {tk - tq}: "
                                "start generation with a full prefill (beam search reorders are not followed)")
         self._groups.append(routing.groups)
+        if self._scores is not None and routing.scores is not None:
+            self._scores.append(routing.scores)
+        if self._valid is not None:
+            self._valid.append(torch.ones_like(routing.groups[..., :1], dtype=torch.bool))
         index = None
         if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
             index = self._index

@@ -25,6 +25,10 @@ class FocusConfig:
     backend: kernel for hard top-k attention.
     sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the
         paper, whose mask is ``sink_tokens=0``; see README "Design decisions" for why and the measurement).
+    rebalance: causal online rebalancing (not in the paper; ``routing="causal"`` only): from position n on, every n
+        tokens the per-group offsets are re-estimated by Sinkhorn over the sequence's *own earlier* tokens, so groups
+        stay balanced on text unlike the training corpus while a token's group still never depends on later tokens.
+        0 = the offsets learned in training only. See README "Design decisions" for the measurement.
     """
 
     num_groups: int = 8
@@ -40,6 +44,7 @@ class FocusConfig:
     offset_momentum: float = 0.9
     backend: str = "auto"
     sink_tokens: int = 1
+    rebalance: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -71,6 +76,10 @@ class FocusConfig:
             bad("backend", BACKENDS)
         if not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             bad("sink_tokens", "an integer >= 0")
+        if isinstance(self.rebalance, bool) or not isinstance(self.rebalance, int) or self.rebalance < 0:
+            bad("rebalance", "an integer >= 0 (tokens between re-estimates; 0 = off)")
+        if self.rebalance and self.routing != "causal":
+            bad("rebalance", f"0 with routing={self.routing!r} (online rebalancing is a form of causal routing)")
 
     def to_dict(self) -> dict:
         return asdict(self)

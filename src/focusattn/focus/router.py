@@ -19,6 +19,46 @@ class Routing:
 
     groups: torch.Tensor
     membership: torch.Tensor | None
+    scores: torch.Tensor | None = None  # the logits before offsets [B, T, K] (what online rebalancing needs later)
+
+
+@torch.no_grad()
+def online_offsets(logits: torch.Tensor, base: torch.Tensor, every: int, iters: int, *, start: int = 0,
+                   past: torch.Tensor | None = None, past_valid: torch.Tensor | None = None,
+                   mask: torch.Tensor | None = None, memo: dict | None = None) -> torch.Tensor:
+    """Per-token offsets ``[B, T, K]`` for tokens at positions ``start .. start + T - 1`` (causal online rebalancing).
+
+    A token at position p uses the Sinkhorn potentials of the sequence's tokens before ``s = (p // every) * every``
+    (``base`` [B, K] when ``s == 0`` or no real token precedes ``s``): it never sees itself or a later token, and
+    a prefill and the decode steps after it give the same offsets. ``past`` [B, start, K] / ``past_valid``: the
+    earlier tokens' logits and padding mask (decode); ``memo`` maps ``s`` to its potentials so a decode step re-runs
+    Sinkhorn only when it crosses a boundary.
+    """
+    b, t, k = logits.shape
+    out = base.to(logits.dtype)[:, None, :].expand(b, t, k).clone()
+    first, last = max(1, start // every), (start + t - 1) // every
+    if last < first:
+        return out
+    full = full_valid = None
+    for c in range(first, last + 1):
+        s = c * every
+        pot = None if memo is None else memo.get(s)
+        if pot is None:
+            if full is None:
+                full = logits if past is None else torch.cat([past.to(logits.dtype), logits], 1)
+                if mask is not None or past_valid is not None:
+                    pv = past_valid if past_valid is not None else logits.new_ones(b, start, dtype=torch.bool)
+                    mv = mask if mask is not None else logits.new_ones(b, t, dtype=torch.bool)
+                    full_valid = torch.cat([pv[:, :start], mv], 1) if past is not None else mv
+            v = None if full_valid is None else full_valid[:, :s]
+            pot = sinkhorn_potentials(full[:, :s].detach(), iters, v)
+            if v is not None:  # a row with no real token before s keeps the learned offsets
+                pot = torch.where(v.any(1, keepdim=True), pot, base.to(pot.dtype).expand_as(pot))
+            if memo is not None:
+                memo[s] = pot
+        lo, hi = max(s, start) - start, min(s + every, start + t) - start
+        out[:, lo:hi] = pot[:, None, :].to(out.dtype)
+    return out
 
 
 def _in_backward() -> bool:
@@ -49,7 +89,7 @@ class FocusRouter(nn.Module):
 
     Causal routing keeps an EMA of the Sinkhorn per-group potentials (``offsets``, a buffer saved with the adapter).
     Training forwards update it from the batch; every forward (training included) assigns with the stored value, so a
-    token's group never depends on other tokens of its sequence.
+    token's group never depends on other tokens of its sequence (with ``cfg.rebalance``: on earlier tokens only).
     """
 
     def __init__(self, d_model: int, cfg: FocusConfig):
@@ -68,8 +108,11 @@ class FocusRouter(nn.Module):
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
         return self.proj(h.to(self.proj.weight.dtype)) @ self.centroids.t() / self.cfg.tau
 
-    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None, start: int = 0) -> Routing:
-        """``h`` [B, T, d]: the layer input of positions ``start .. start + T - 1``."""
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None, start: int = 0,
+                past: tuple[torch.Tensor, torch.Tensor | None] | None = None, memo: dict | None = None) -> Routing:
+        """``h`` [B, T, d]: the layer input of positions ``start .. start + T - 1``. ``past``: the earlier tokens'
+        ``(scores [B, start, K], padding mask or None)`` and ``memo`` (see :func:`online_offsets`), needed only with
+        ``cfg.rebalance`` when ``start > 0``."""
         cfg = self.cfg
         if cfg.routing == "random":
             return self._random(h.shape[0], h.shape[1], start, h.device)
@@ -89,14 +132,22 @@ class FocusRouter(nn.Module):
             # assign with offsets learned from *earlier* batches (the very first batch has none: use its own)
             b = self.offsets if bool(self.offsets_ready) or batch_b is None else batch_b
             b = b.to(logits.dtype).expand(logits.shape[0], -1)
-        groups = torch.softmax(logits + b[:, None, :], dim=-1)
+            if cfg.rebalance:
+                if start > 0 and (past is None or past[0].shape[1] != start):
+                    raise ValueError(f"online rebalancing needs the scores of the {start} earlier tokens")
+                b = online_offsets(logits, b, cfg.rebalance, cfg.sinkhorn_iters, start=start,
+                                   past=None if past is None else past[0], past_valid=None if past is None else past[1],
+                                   mask=mask, memo=memo)
+        if b.dim() == 2:
+            b = b[:, None, :]
+        groups = torch.softmax(logits + b, dim=-1)
         if self.training:  # computed in a checkpointing re-run too: the re-run must save the same tensors
             bal = balance_loss(groups, mask)
         if self.training and not _in_backward():
             self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = None if cfg.top_k is None else topk_membership(groups, cfg.top_k)
-        return Routing(groups, membership)
+        return Routing(groups, membership, logits.detach())
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:

@@ -19,13 +19,17 @@ class Pair:
     lengths: list[int]  # sorted, unique
 
 
-def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = None) -> Pair:
+def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = None,
+              rebalance: int | None = None) -> Pair:
+    """``rebalance``: override the adapter's ``FocusConfig.rebalance`` (an inference-time choice, no retraining)."""
     from ..adapters import resolve
     from .io import load_adapter, read_adapter_config
     from .loading import load_model
 
     adapter_dir = resolve(adapter)
     cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
+    if rebalance is not None:
+        cfg = FocusConfig.from_dict({**cfg.to_dict(), "rebalance": int(rebalance)})  # validated before loading
     bad = [k for k in top_ks if not 1 <= int(k) <= cfg.num_groups]
     if bad:
         raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={cfg.num_groups}): allowed "
@@ -39,5 +43,9 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
         raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
     focus, _ = load_model(model)
     load_adapter(focus, adapter_dir)
+    if rebalance is not None:
+        from .compose import update_config
+
+        update_config(focus, rebalance=int(rebalance))
     focus.eval()
     return Pair(base, focus, tok, cfg, adapter_dir, lengths)

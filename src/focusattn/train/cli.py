@@ -25,12 +25,16 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=BACKENDS, default=d.backend, help="kernel for hard top-k")
     g.add_argument("--sink-tokens", type=int, default=d.sink_tokens,
                    help="first n tokens always visible (attention sinks); 0 = the paper's mask")
+    g.add_argument("--rebalance", type=int, default=d.rebalance,
+                   help="causal online rebalancing: re-estimate the group offsets from the sequence's own earlier "
+                        "tokens every N tokens (0 = the offsets learned in training only)")
 
 
 def focus_from_args(a) -> FocusConfig:
     return FocusConfig(num_groups=a.groups, group_dim=a.group_dim, window=a.window, tau=a.tau,
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
-                       routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens)
+                       routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens,
+                       rebalance=a.rebalance)
 
 
 def _retrofit(a) -> int:

@@ -1,0 +1,32 @@
+"""How balanced a composed model's learned routing is on the text of its last forward: what the sparse kernels pay.
+
+The group part of hard top-k attention costs ``sum_g n_g (n_g + 1) / 2`` pairs; balanced groups (``k T / K`` tokens
+each) minimise it. One number per layer, and the worst layer, because the slowest layer sets the model's speed.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def routing_stats(model, t: int) -> dict:
+    """Per layer: the largest group's share of tokens (top-1 assignment), the group-part cost over the balanced
+    value, and the cost-model ratio ``T(T+1)/2 / (group cost + T w)``; plus the worst layer of each. Reads
+    ``hf.last_routing(model)``: call after a no-grad forward of ``t`` tokens with hard top-k set."""
+    from ..hf import last_routing, routers
+
+    layers = []
+    for r, routing in zip(routers(model), last_routing(model)):
+        m = routing.membership
+        n = m[0, :t].sum(0).double()
+        k_groups, top_k = m.shape[-1], int(m[0, 0].sum())
+        balanced = k_groups * (top_k * t / k_groups) * (top_k * t / k_groups + 1) / 2
+        group_cost = float((n * (n + 1) / 2).sum())
+        top1 = torch.bincount(routing.groups[0, :t].argmax(-1), minlength=k_groups).double()
+        layers.append({"largest_share": float(top1.max() / t), "group_cost_vs_balanced": group_cost / balanced,
+                       "cost_model_ratio": (t * (t + 1) / 2) / (group_cost + t * min(r.cfg.window, t))})
+    return {"layers": layers,
+            "max_largest_share": max(x["largest_share"] for x in layers),
+            "max_group_cost_vs_balanced": max(x["group_cost_vs_balanced"] for x in layers),
+            "mean_cost_model_ratio": statistics.mean(x["cost_model_ratio"] for x in layers)}
