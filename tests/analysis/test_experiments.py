@@ -61,7 +61,7 @@ def test_collapse_table_and_plot(tmp_path):
     (tmp_path / "res" / "retrofit_default.json").write_text(json.dumps(summary()))
     text = write_results(tmp_path / "res", tmp_path / "RESULTS.md").read_text()
     sec = text.split("## Collapse ablation")[1].split("\n## ")[0]
-    assert "| softmax | softmax | causal | 60 x 512 | 0.250 | 1.000 / 1.000 | 4 |" in sec
+    assert "| softmax | softmax | — | 60 x 512 | 0.250 | 1.000 / 1.000 | 4 |" in sec
     assert "| causal | sinkhorn (10 iters) | causal | 60 x 512 | 0.155 | 0.170 / 0.200 | never |" in sec
     assert "within 600 steps" in sec and "![collapse](results/collapse.png)" in sec
     assert "softmax: mean share 1.000 after 5 steps, collapsed (mean >= 0.9) at step 4." in sec

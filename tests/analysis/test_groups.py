@@ -67,3 +67,12 @@ def test_groups_cli_table_and_stability_against_a_checkpoint(tmp_path, tiny_dir,
     assert "--layers [7]: the model has layers 0..1" in capsys.readouterr().err
     assert main(["groups", *base, "--adapter", str(run / "checkpoint.pt"), "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_groups_update_summary_missing_is_named_before_any_work(tmp_path, capsys, monkeypatch):
+    import focusattn.analysis.cli as acli
+
+    monkeypatch.setattr(acli, "groups_report", lambda *a, **k: pytest.fail("ran before checking its inputs"))
+    rc = main(["groups", "--adapter", "x", "--update-summary", str(tmp_path), "--out", str(tmp_path / "g")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "missing summary.json" in err and "focusattn retrofit --out RUN" in err

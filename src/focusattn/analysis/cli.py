@@ -74,15 +74,25 @@ def _sinks(a) -> int:
     return 0
 
 
+def _summary_path(spec: str) -> Path:
+    """``--update-summary``: a summary.json or a retrofit run folder; checked before any work."""
+    p = Path(spec)
+    p = p / "summary.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ValueError(f"--update-summary {spec}: missing {p.name} (written by `focusattn retrofit --out RUN`)")
+    return p
+
+
 def _groups(a) -> int:
+    summary_path = _summary_path(a.update_summary) if a.update_summary else None
     res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.eval_windows,
                         top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
                                                                                  if x], compare=a.compare or None,
                         per_group=a.per_group, examples=a.examples, command=a.command_line)
     write_json(Path(a.out) / "groups.json", res)
     write_text(Path(a.out) / "groups.md", groups_markdown(res) + "\n")
-    if a.update_summary:  # add the measured pair shares to a retrofit summary made before they were recorded
-        p = Path(a.update_summary)
+    if summary_path:  # add the measured pair shares to a retrofit summary made before they were recorded
+        p = summary_path
         summary = json.loads(p.read_text())
         summary["pairs_kept"] = res["pairs_kept"]
         summary["pairs_kept_command"] = a.command_line
@@ -139,7 +149,7 @@ def register(sub) -> None:
     add_eval_windows(p, 2)
     p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
     p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
-    p.add_argument("--update-summary", default="", help="retrofit summary.json to add pairs_kept to")
+    p.add_argument("--update-summary", default="", help="retrofit summary.json (or its run folder) to add pairs_kept to")
     p.add_argument("--compare", default="", help="a second adapter, or a retrofit checkpoint.pt: stability of each "
                    "token's group between the two")
     p.add_argument("--per-group", type=int, default=8, help="most frequent tokens listed per group")

@@ -47,9 +47,10 @@ def _read_run(name: str, run: str | Path, every: int) -> dict:
     return {
         "run": str(d), "command": s.get("command"),
         "normalisation": "softmax" if f["sinkhorn_iters"] == 0 else f"sinkhorn ({f['sinkhorn_iters']} iters)",
-        "routing": f["routing"], "num_groups": f["num_groups"], "steps": c["steps"], "seq_len": c["seq_len"],
+        # without Sinkhorn there are no potentials: causal and sequence routing are the same softmax
+        "routing": f["routing"] if f["sinkhorn_iters"] else "—", "num_groups": f["num_groups"], "steps": c["steps"], "seq_len": c["seq_len"],
         "balance_loss": c.get("balance_loss", 0.0),
-        "step": [r["step"] for r in kept], SHARE_KEY: [r[SHARE_KEY] for r in kept],
+        "step": [r["step"] for r in kept], SHARE_KEY: [[round(x, 4) for x in r[SHARE_KEY]] for r in kept],
         "perplexity": s["perplexity"], "eval_dominance": [g["dominance"] for g in s.get("groups", [])],
         "pairs_kept": s.get("pairs_kept", {}),
     }
@@ -89,7 +90,8 @@ def plot(doc: dict, path: str | Path) -> Path:
         ax.axhline(1 / v["num_groups"], color="grey", ls="--", lw=1, label=f"balanced 1/{v['num_groups']}")
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("step")
-        ax.set_title(f"{name}: {v['normalisation'].split(' ')[0]}, {v['routing']}", fontsize=10)
+        ax.set_title(f"{name}: {v['normalisation'].split(' ')[0]}" + (f", {v['routing']} routing"
+                                                                     if v["routing"] != "—" else ""), fontsize=10)
     axes[0][0].set_ylabel("largest-group share (per layer)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
