@@ -7,7 +7,8 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure
+.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure \
+	lora ablation sweeps sweeps-run
 
 setup: $(STAMP)
 
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,gguf,plot,eval]"
+	$(PY) -m pip install -q -e ".[dev,gguf,plot,eval,lora]"
 	@# headless Chromium for the HTML report test (skipped without it); never fails where apt is unavailable
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
@@ -55,6 +56,50 @@ experiments: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/focusattn compare --attention standard,lazy,focus,elastic-only,lazy-no-bias,sliding --seeds 3 --preset lab --out $(RUNS)/lab
 	$(VENV)/bin/focusattn compare --attention standard,lazy --seeds 3 --preset lab-long --out $(RUNS)/lab-long
+
+# Focus vs LoRA (the paper's Tables 3-4): LoRA r=4 and r=16 on the attention projections (q,k,v,o) with the demo's
+# data, steps, seed, schedule and evaluation, compared with retrofit_default.json (`make experiments`). ~15 min a run.
+lora: $(STAMP)
+	$(VENV)/bin/focusattn retrofit --method lora --lora-rank 4 --out $(RUNS)/lora/r4
+	$(VENV)/bin/focusattn retrofit --method lora --lora-rank 16 --out $(RUNS)/lora/r16
+	mkdir -p docs/results
+	cp $(RUNS)/lora/r4/summary.json docs/results/lora_r4.json
+	cp $(RUNS)/lora/r16/summary.json docs/results/lora_r16.json
+	$(MAKE) results
+
+# The collapse ablation (the paper's §5, Table 8): softmax normalisation vs Sinkhorn with sequence routing vs Sinkhorn
+# with causal routing, largest-group share per layer at every step. ~10 min a run at the default budget; raise
+# ABL_FLAGS' --steps for a longer look (the paper saw softmax collapse within 600 steps).
+ABL       ?= $(RUNS)/ablation
+ABL_FLAGS ?= --steps 60 --seq-len 512 --eval-top-k 1,2
+ablation: $(STAMP)
+	$(VENV)/bin/focusattn retrofit $(ABL_FLAGS) --sinkhorn-iters 0 --out $(ABL)/softmax
+	$(VENV)/bin/focusattn retrofit $(ABL_FLAGS) --routing sequence --out $(ABL)/sinkhorn-sequence
+	$(VENV)/bin/focusattn retrofit $(ABL_FLAGS) --routing causal --out $(ABL)/sinkhorn-causal
+	mkdir -p docs/results
+	$(VENV)/bin/focusattn collapse softmax=$(ABL)/softmax sinkhorn-sequence=$(ABL)/sinkhorn-sequence \
+		sinkhorn-causal=$(ABL)/sinkhorn-causal --out docs/results/collapse.json
+	$(MAKE) results
+
+# Sweeps (the paper's Table 9 analogue) in the background: one factor at a time around the default (K=8, w=128,
+# tau=0.1, d_g=16) at the demo budget, 9 runs of ~15 min; finished points are skipped when started again.
+SWEEP       ?= $(RUNS)/sweeps
+SWEEP_FLAGS ?= --eval-top-k 1,2
+sweeps: $(STAMP)
+	mkdir -p $(SWEEP)
+	nohup $(MAKE) sweeps-run > $(SWEEP)/sweeps.log 2>&1 &
+	@echo "sweeps run in the background: tail -f $(SWEEP)/sweeps.log (RESULTS.md is regenerated at the end)"
+
+sweeps-run: $(STAMP)
+	mkdir -p docs/results
+	printf '%s\n' "default" "K4 --groups 4" "K16 --groups 16" "w64 --window 64" "w256 --window 256" \
+		"tau0.05 --tau 0.05" "tau0.5 --tau 0.5" "dg8 --group-dim 8" "dg32 --group-dim 32" | \
+	while read name flags; do \
+		test -f $(SWEEP)/$$name/summary.json || \
+			$(VENV)/bin/focusattn retrofit $(SWEEP_FLAGS) $$flags --out $(SWEEP)/$$name || exit 1; \
+		cp $(SWEEP)/$$name/summary.json docs/results/sweep_$$name.json; \
+	done
+	$(MAKE) results
 
 results: $(STAMP)
 	$(VENV)/bin/focusattn report --results docs/results --out docs/RESULTS.md

@@ -43,3 +43,14 @@ def test_ship_adapter_names_what_is_missing(tmp_path):
     with pytest.raises(ValueError, match="plain folder name"):
         ship_adapter(_run_dir(tmp_path / "c"), "../evil", dest=tmp_path / "pkg")
     assert not (tmp_path / "pkg").exists()
+
+
+def test_ship_adapter_refuses_a_lora_run(tmp_path):
+    import json
+
+    from focusattn.analysis.model_card import ship_adapter
+
+    (tmp_path / "summary.json").write_text(json.dumps({"method": "lora"}))
+    with pytest.raises(ValueError, match="a lora run .*ships Focus adapters"):
+        ship_adapter(tmp_path, "x", dest=tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()

@@ -92,3 +92,34 @@ def test_interrupted_run_keeps_finished_modes(tmp_path, tiny_llama_dir, monkeypa
     assert rc == 130 and res["complete"] is False and res["modes"] == ["original"]
     assert res["modes_requested"] == ["original", "top1"]
     assert "Incomplete run" in (tmp_path / "eval.md").read_text()
+
+
+def test_eval_lora_adapter(tmp_path, tiny_llama_dir):
+    """A LoRA (peft) folder from `retrofit --method lora` is evaluated as one mode, against the original."""
+    pytest.importorskip("peft")
+    import torch
+
+    import focusattn as fa
+    from focusattn.hf.lora import add_lora, save_lora
+
+    model, _ = fa.load_model(str(tiny_llama_dir / "llama"))
+    lora = add_lora(model, 2)
+    with torch.no_grad():  # B starts at zero (LoRA = identity): make the adapter change the model
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    save_lora(lora, tmp_path / "lora")
+    out = tmp_path / "ev"
+    args = ["eval", "--model", str(tiny_llama_dir / "llama"), "--tasks", "focus_cloze_short", "--limit", "2",
+            "--bootstrap-iters", "10", "--batch-size", "8"]
+    rc = main(args + ["--adapter", str(tmp_path / "lora"), "--out", str(out)])
+    res = json.loads((out / "eval.json").read_text())
+    assert rc == 0 and res["modes"] == ["original", "lora"] and res["focus_config"]["lora"]["r"] == 2
+    by = res["results"]["focus_cloze_short"]
+    assert by["lora"]["perplexity"]["value"] != by["original"]["perplexity"]["value"]  # the adapter is on
+    assert res["deltas"]["focus_cloze_short"]["lora"]["perplexity"] == pytest.approx(
+        by["lora"]["perplexity"]["value"] - by["original"]["perplexity"]["value"])
+    # ... and off for the original: the same numbers as a run without any adapter
+    assert main(args + ["--out", str(tmp_path / "base")]) == 0
+    base = json.loads((tmp_path / "base" / "eval.json").read_text())["results"]["focus_cloze_short"]["original"]
+    assert base["perplexity"]["value"] == pytest.approx(by["original"]["perplexity"]["value"], rel=1e-6)

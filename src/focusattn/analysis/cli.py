@@ -6,10 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from .._io import write_json
+from .._io import write_json, write_text
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..eval.sinks import run_sink_probe
 from .groups import groups_report
+from .groups import render_markdown as groups_markdown
 from .results import write_results
 
 
@@ -42,6 +43,22 @@ def _report(a) -> int:
     return 0
 
 
+def _collapse(a) -> int:
+    from .collapse import render_markdown as collapse_markdown
+    from .collapse import write_collapse
+
+    runs = {}
+    for spec in a.runs:
+        name, sep, run = spec.partition("=")
+        if not sep or not name or not run:
+            raise ValueError(f"run {spec!r}: expected NAME=RUN_DIR (e.g. softmax=runs/ablation/softmax)")
+        runs[name] = run
+    doc = write_collapse(runs, a.out, every=a.every, command=a.command_line)
+    print(collapse_markdown(doc))
+    print(f"wrote {a.out} and {Path(a.out).with_suffix('.png')}")
+    return 0
+
+
 def _ship(a) -> int:
     from .model_card import ship_adapter
 
@@ -57,23 +74,39 @@ def _sinks(a) -> int:
     return 0
 
 
+def _summary_path(spec: str) -> Path:
+    """``--update-summary``: a summary.json or a retrofit run folder; checked before any work."""
+    p = Path(spec)
+    p = p / "summary.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ValueError(f"--update-summary {spec}: missing {p.name} (written by `focusattn retrofit --out RUN`)")
+    return p
+
+
 def _groups(a) -> int:
+    summary_path = _summary_path(a.update_summary) if a.update_summary else None
     res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.eval_windows,
                         top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
-                                                                                 if x], command=a.command_line)
+                                                                                 if x], compare=a.compare or None,
+                        per_group=a.per_group, examples=a.examples, command=a.command_line)
     write_json(Path(a.out) / "groups.json", res)
-    if a.update_summary:  # add the measured pair shares to a retrofit summary made before they were recorded
-        p = Path(a.update_summary)
+    write_text(Path(a.out) / "groups.md", groups_markdown(res) + "\n")
+    if summary_path:  # add the measured pair shares to a retrofit summary made before they were recorded
+        p = summary_path
         summary = json.loads(p.read_text())
         summary["pairs_kept"] = res["pairs_kept"]
         summary["pairs_kept_command"] = a.command_line
         write_json(p, summary)
     print("causal pairs kept: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in res["pairs_kept"].items()))
-    for layer, groups in res["top_tokens"].items():
+    for layer, rows in res["tables"].items():
         print(f"layer {layer}:")
-        for gi, toks in enumerate(groups):
-            print(f"  G{gi}: " + " ".join(f"{t!r}x{c}" for t, c in toks))
-    print(f"wrote {a.out}/groups.json")
+        for r in rows:
+            pur = "-" if r["purity"] is None else f"{r['purity']:.2f}"
+            print(f"  G{r['group']} share {r['share']:.3f} purity {pur}: "
+                  + " ".join(f"{t['token']!r}x{t['count']}" for t in r["tokens"]))
+    for layer, x in res.get("stability", {}).items():
+        print(f"stability layer {layer}: same group {x['same_index']:.3f}, after relabelling {x['matched']:.3f}")
+    print(f"wrote {a.out}/groups.json and {a.out}/groups.md")
     return 0
 
 
@@ -118,5 +151,16 @@ def register(sub) -> None:
     add_eval_windows(p, 2)
     p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
     p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
-    p.add_argument("--update-summary", default="", help="retrofit summary.json to add pairs_kept to")
+    p.add_argument("--update-summary", default="", help="retrofit summary.json (or its run folder) to add pairs_kept to")
+    p.add_argument("--compare", default="", help="a second adapter, or a retrofit checkpoint.pt: stability of each "
+                   "token's group between the two")
+    p.add_argument("--per-group", type=int, default=8, help="most frequent tokens listed per group")
+    p.add_argument("--examples", type=int, default=3, help="examples in context per group")
     p.set_defaults(func=_groups)
+
+    p = sub.add_parser("collapse", help="the collapse ablation: largest-group share vs step of retrofit runs (JSON "
+                       "for RESULTS + plot)", formatter_class=fmt)
+    p.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR", help="e.g. softmax=runs/ablation/softmax")
+    p.add_argument("--out", default="runs/ablation/collapse.json", help="JSON; the plot goes beside it (.png)")
+    p.add_argument("--every", type=int, default=1, help="keep every N-th step of the curves")
+    p.set_defaults(func=_collapse)

@@ -1,6 +1,8 @@
 """Group statistics of a composed model: dominance (share of tokens in the largest group; 1/K is balanced), mean
 assignment confidence (mean of each token's largest group probability), group sizes per layer, and the share of
-causal pairs that hard top-k routing keeps (the sparsity that inference actually gets)."""
+causal pairs that hard top-k routing keeps (the sparsity that inference actually gets); what the groups hold (a table
+per chosen layer: share, frequent tokens with purity, examples in context) and how stable each token's group is
+between two checkpoints or adapters (``focusattn groups``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,44 +52,185 @@ def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
 
 
 @torch.no_grad()
-def top_tokens(model, tokenizer, windows: np.ndarray, layers: list[int], per_group: int = 8) -> dict:
-    """Most frequent tokens assigned (argmax) to each group, per requested layer: what the groups *mean*."""
+def assignments(model, windows: np.ndarray, layers: list[int]) -> dict[int, np.ndarray]:
+    """Each token's group (argmax of the soft assignment) in each of ``layers``: ``{layer: int array [N, T]}``."""
     model.eval()
     device = next(model.parameters()).device
-    rs = routers(model)
-    tallies = {li: [dict() for _ in range(rs[li].cfg.num_groups)] for li in layers}
+    out = {li: [] for li in layers}
     for w in windows:
-        ids = np.asarray(w)
-        model(torch.as_tensor(ids[None], dtype=torch.long, device=device))
+        model(torch.as_tensor(np.asarray(w)[None], dtype=torch.long, device=device))
         routings = last_routing(model)
         for li in layers:
-            arg = routings[li].groups[0].argmax(-1).tolist()
-            for tid, g in zip(ids.tolist(), arg):
-                tallies[li][g][tid] = tallies[li][g].get(tid, 0) + 1
+            out[li].append(routings[li].groups[0].argmax(-1).cpu().numpy())
+    return {li: np.stack(v) for li, v in out.items()}
+
+
+def top_tokens(model, tokenizer, windows: np.ndarray, layers: list[int], per_group: int = 8) -> dict:
+    """Most frequent tokens assigned (argmax) to each group, per requested layer: what the groups *mean*."""
+    k = routers(model)[0].cfg.num_groups
+    ids = np.asarray(windows)
     out = {}
-    for li, groups in tallies.items():
-        out[str(li)] = [
-            [[tokenizer.decode([tid]), c] for tid, c in sorted(g.items(), key=lambda x: -x[1])[:per_group]]
-            for g in groups
-        ]
+    for li, arg in assignments(model, windows, layers).items():
+        out[str(li)] = [[[tokenizer.decode([int(t)]), int(c)] for t, c in _counts(ids[arg == g])[:per_group]]
+                        for g in range(k)]
     return out
 
 
-def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, windows: int, top_ks, layers,
-                  command: str | None = None) -> dict:
-    """Load a base model plus a saved adapter and measure its routing on held-out data."""
-    from ..data.corpora import load_corpus
-    from ..data.tokens import eval_windows, tokenize
-    from ..hf.io import load_adapter
+def _counts(ids: np.ndarray) -> list[tuple[int, int]]:
+    """(token id, count), most frequent first (ties by id: deterministic)."""
+    u, c = np.unique(ids, return_counts=True)
+    order = np.lexsort((u, -c))
+    return [(int(u[i]), int(c[i])) for i in order]
+
+
+def group_table(ids: np.ndarray, arg: np.ndarray, k: int, tokenizer, *, per_group: int = 8, examples: int = 3,
+                context: int = 8) -> list[dict]:
+    """One layer's groups: what each holds. ``ids``, ``arg``: token ids and their groups, both [N, T].
+
+    share: the group's share of the tokens (1/K balanced). Per frequent token: ``count`` in the group and ``purity``
+    = the share of that token's occurrences (anywhere) routed to this group (1 = the token type always goes here).
+    purity (group): the mean token purity over the group's tokens; if routing ignored which token it is, it would
+    equal the group's share (``purity_chance``), so purity well above share means the group is about *tokens*,
+    near share means it is about position or context. examples: occurrences in context (``context`` tokens before, half as many after), the token in [[ ]].
+    """
+    ids = np.asarray(ids)
+    flat_ids, flat_arg = ids.reshape(-1), arg.reshape(-1)
+    n = flat_ids.size
+    vocab = int(flat_ids.max()) + 1
+    total = np.bincount(flat_ids, minlength=vocab)  # occurrences of each token type
+    out = []
+    for g in range(k):
+        where = flat_arg == g
+        n_g = int(where.sum())
+        row = {"group": g, "share": n_g / n, "tokens": [], "purity": None, "purity_chance": n_g / n, "examples": []}
+        if n_g:
+            in_g = np.bincount(flat_ids[where], minlength=vocab)
+            row["purity"] = float((in_g.astype(float) ** 2 / np.maximum(total, 1)).sum() / n_g)
+            row["tokens"] = [{"token": tokenizer.decode([t]), "count": c, "purity": c / int(total[t])}
+                             for t, c in _counts(flat_ids[where])[:per_group]]
+            pos = np.argwhere(arg == g)  # (window, position), evenly spaced picks over the group's occurrences
+            for j in np.linspace(0, len(pos) - 1, min(examples, len(pos))).round().astype(int):
+                seq, t = ids[int(pos[j][0])], int(pos[j][1])
+                piece = lambda xs: "".join(tokenizer.decode([int(x)]) for x in xs)  # noqa: E731 (token by token)
+                row["examples"].append(f"{piece(seq[max(0, t - context):t])}[[{piece(seq[t:t + 1])}]]"
+                                       f"{piece(seq[t + 1:t + 1 + context // 2])}")
+        out.append(row)
+    return out
+
+
+def stability(arg_a: np.ndarray, arg_b: np.ndarray, k: int) -> dict:
+    """Share of tokens that keep their group between two routings of the same text (two checkpoints or adapters).
+
+    ``same_index``: the group number is unchanged (meaningful between checkpoints of one run). ``matched``: after
+    the one-to-one relabelling of B's groups that maximises agreement (Hungarian), for routers trained apart, whose
+    group numbers are arbitrary. Chance for independent balanced routings is 1/K.
+    """
+    a, b = arg_a.reshape(-1), arg_b.reshape(-1)
+    conf = np.zeros((k, k), dtype=np.int64)
+    np.add.at(conf, (a, b), 1)
+    try:
+        from scipy.optimize import linear_sum_assignment
+
+        r, c = linear_sum_assignment(-conf)
+        matched = float(conf[r, c].sum() / a.size)
+    except ImportError:  # scipy is optional: greedy matching (a lower bound of the optimum)
+        m, used_r, used_c = 0, set(), set()
+        for i in np.argsort(-conf, axis=None):
+            x, y = divmod(int(i), k)
+            if x not in used_r and y not in used_c:
+                m += int(conf[x, y])
+                used_r.add(x)
+                used_c.add(y)
+        matched = m / a.size
+    return {"same_index": float((a == b).mean()), "matched": matched, "chance": 1 / k, "tokens": int(a.size)}
+
+
+def _load_routed(model_spec: str, adapter: str, like=None):
+    """A model with ``adapter`` loaded. ``adapter``: a Focus adapter (name, folder, run folder) or a retrofit
+    ``checkpoint.pt`` (routers of an intermediate step; its configuration comes from ``like``'s adapter)."""
+    from ..hf.io import load_adapter, load_adapter_state, read_adapter_config
     from ..hf.loading import load_model
+    from ..train.checkpoint import load_checkpoint
 
     model, tok = load_model(model_spec)
-    load_adapter(model, adapter)
+    if str(adapter).endswith(".pt"):
+        if like is None:
+            raise ValueError(f"{adapter}: a checkpoint is compared with an adapter (--adapter), not used alone")
+        from ..adapters import resolve
+        from ..focus.config import FocusConfig
+        from ..hf.compose import compose
+
+        compose(model, FocusConfig.from_dict(read_adapter_config(resolve(like))["focus_config"]))
+        load_adapter_state(model, load_checkpoint(adapter)["trainable"], source=f"checkpoint {adapter}")
+    else:
+        load_adapter(model, adapter)
+    return model, tok
+
+
+def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, windows: int, top_ks, layers,
+                  compare: str | None = None, per_group: int = 8, examples: int = 3,
+                  command: str | None = None) -> dict:
+    """Load a base model plus a saved adapter and measure its routing on held-out data: statistics, a table per
+    chosen layer (share, frequent tokens with purity, examples in context) and, with ``compare`` (a second adapter
+    or a ``checkpoint.pt``), the stability of each token's group between the two."""
+    from ..data.corpora import load_corpus
+    from ..data.tokens import eval_windows, tokenize
+
+    model, tok = _load_routed(model_spec, adapter)
+    other = _load_routed(model_spec, compare, like=adapter)[0] if compare else None  # bad input fails before work
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model_spec)
     w = eval_windows(val, seq_len, windows)
+    n_layers = len(routers(model))
     k_max = routers(model)[0].cfg.num_groups
     top_ks = list(top_ks or range(1, max(1, k_max // 2) + 1))
+    layers = list(layers) if layers else [0, n_layers // 2, n_layers - 1]
+    bad = [li for li in layers if not 0 <= li < n_layers]
+    if bad:
+        raise ValueError(f"--layers {bad}: the model has layers 0..{n_layers - 1}")
     stats = group_stats(model, w, top_ks)
-    layers = list(layers) if layers else [0, len(routers(model)) // 2, len(routers(model)) - 1]
-    return {"command": command, "model": model_spec, "adapter": adapter, "data": data, "seq_len": seq_len,
-            "windows": windows, **stats, "top_tokens": top_tokens(model, tok, w, layers)}
+    arg = assignments(model, w, layers)
+    tables = {str(li): group_table(w, arg[li], k_max, tok, per_group=per_group, examples=examples) for li in layers}
+    res = {"command": command, "model": model_spec, "adapter": str(adapter), "data": data, "seq_len": seq_len,
+           "windows": windows, "num_groups": k_max, **stats,
+           "top_tokens": {li: [[[t["token"], t["count"]] for t in row["tokens"]] for row in rows]
+                          for li, rows in tables.items()},
+           "tables": tables}
+    if other is not None:
+        if routers(other)[0].cfg.num_groups != k_max:
+            raise ValueError(f"--compare {compare}: K={routers(other)[0].cfg.num_groups}, but the adapter has "
+                             f"K={k_max}")
+        arg_b = assignments(other, w, layers)
+        res["compare"] = str(compare)
+        res["stability"] = {str(li): stability(arg[li], arg_b[li], k_max) for li in layers}
+    return res
+
+
+def render_markdown(res: dict, *, max_tokens: int = 6) -> str:
+    """The group-interpretability section of one ``groups.json``."""
+    k = res.get("num_groups") or len(next(iter(res["tables"].values())))
+    lines = [f"Adapter `{res['adapter']}` on `{res['data']}` ({res['windows']} windows x {res['seq_len']} tokens). "
+             f"Per group: share of tokens (balanced 1/{k} = {1 / k:.3f}); purity = mean over the group's tokens of "
+             "the share of that token type's occurrences routed to this group (if routing ignored the token it "
+             "would equal the group's share; higher = the group is about token identity); the most frequent tokens "
+             "as `token` count (that token's purity); one example in context, the token in [[ ]].", ""]
+    for li, rows in res.get("tables", {}).items():
+        lines += [f"**Layer {li}**", "", "| group | share | purity | most frequent tokens (purity) | example |",
+                  "|---|---|---|---|---|"]
+        for r in rows:
+            toks = " ".join(f"`{_md(t['token'])}` {t['count']} ({t['purity']:.2f})" for t in r["tokens"][:max_tokens])
+            ex = _md(r["examples"][0]) if r["examples"] else "—"
+            pur = "—" if r["purity"] is None else f"{r['purity']:.2f}"
+            lines.append(f"| G{r['group']} | {r['share']:.3f} | {pur} | {toks} | {ex} |")
+        lines.append("")
+    if res.get("stability"):
+        lines += [f"Stability against `{res['compare']}` (share of tokens keeping their group; chance {1 / k:.3f}):",
+                  "", "| layer | same group number | after best relabelling |", "|---|---|---|"]
+        lines += [f"| {li} | {x['same_index']:.3f} | {x['matched']:.3f} |" for li, x in res["stability"].items()]
+        lines.append("")
+    lines.append(f"Command: `{res.get('command')}`")
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    """A token or snippet safe inside a markdown table cell and backticks (newlines shown as ⏎)."""
+    return text.replace("\n", "⏎").replace("|", "\\|").replace("`", "'")

@@ -41,7 +41,7 @@ SECTIONS = [
     ("sparsity", "Sparsity"),
     ("benchmarks", "Benchmarks (lm-eval)"),
 ]
-COLLAPSE_KEYS = ("largest_group_share", "dominance")  # per-layer list in a metrics.jsonl record
+COLLAPSE_KEYS = ("largest_share", "largest_group_share", "dominance")  # retrofit writes largest_share  # per-layer list in a metrics.jsonl record
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;
@@ -127,7 +127,16 @@ def _plt():
 
 
 def _ks(s: dict) -> list[str]:
-    return sorted((k for k in s["perplexity"]["after"]["domain"] if k != "soft"), key=lambda k: int(k[3:]))
+    return sorted((k for k in s["perplexity"]["after"]["domain"] if k.startswith("top")), key=lambda k: int(k[3:]))
+
+
+def _modes(s: dict) -> list[str]:
+    """The evaluated modes after training: soft + top-k for Focus, ``lora`` for the LoRA baseline."""
+    return ["lora"] if _is_lora(s) else ["soft"] + _ks(s)
+
+
+def _is_lora(s: dict) -> bool:
+    return s.get("method") == "lora"
 
 
 # ------------------------------------------------------------------------------------------------------ sections
@@ -142,8 +151,11 @@ def sec_config(runs: list[dict]) -> str:
                     ["data / OOD", f"{_e(c['data'])} / {_e(c.get('ood_data'))}"], ["corpus", _e(s.get("corpus", "—"))],
                     ["budget", f"{c['steps']} steps × {c['batch_size'] * c['grad_accum']} × {c['seq_len']} tokens, "
                                f"lr {c['lr']}"],
+                    ["LoRA", f"r={c['lora_rank']}, alpha={c.get('lora_alpha') or 2 * c['lora_rank']:g}, attention "
+                             "projections"] if _is_lora(s) else
                     ["Focus", ", ".join(f"{_e(k)}={_e(v)}" for k, v in f.items())],
-                    ["trainable", f"{s['parameters']['router']:,} ({s['parameters']['percent']:.3f}% of "
+                    ["trainable", f"{s['parameters'].get('trainable', s['parameters'].get('router')):,} "
+                                  f"({s['parameters']['percent']:.3f}% of "
                                   f"{s['parameters']['total']:,})"],
                     ["final loss", _f(s.get("final_loss"), 3)],
                     ["wall time", f"{s.get('wall_seconds', 0) / 60:.1f} min"]]
@@ -168,7 +180,7 @@ def sec_perplexity(runs: list[dict]) -> str:
             out.append(_missing(r, "summary.json", "perplexity"))
             continue
         s = r["summary"]
-        ppl, ks = s["perplexity"], _ks(s)
+        ppl, modes = s["perplexity"], _modes(s)
         rows = []
         for split in ("domain", "ood"):
             if split not in ppl["after"]:
@@ -176,14 +188,14 @@ def sec_perplexity(runs: list[dict]) -> str:
             b = ppl["before"].get(split)
             cells = [f"{split} ({_e(s['config']['data'] if split == 'domain' else s['config'].get('ood_data'))})",
                      _f(b)]
-            for k in ["soft"] + ks:
+            for k in modes:
                 a = ppl["after"][split].get(k)
                 rel = "" if a is None or not b else f" <span class='{'up' if a > b else 'down'}'>" \
                                                     f"({100 * (a / b - 1):+.1f}%)</span>"
                 cells.append(_f(a) + rel)
             rows.append(cells)
-        out.append(f"<h3>{_e(r['name'])}</h3>" + _table(["split", "before", "soft"] + [k.replace("top", "top-")
-                                                                                        for k in ks], rows))
+        out.append(f"<h3>{_e(r['name'])}</h3>" + _table(["split", "before"] + [k.replace("top", "top-")
+                                                                                for k in modes], rows))
     if with_s:
         plt = _plt()
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -193,7 +205,7 @@ def sec_perplexity(runs: list[dict]) -> str:
                 s = r["summary"]
                 if split not in s["perplexity"]["after"]:
                     continue
-                labels = ["before", "soft"] + _ks(s)
+                labels = ["before"] + _modes(s)
                 vals = [s["perplexity"]["before"].get(split)] + [s["perplexity"]["after"][split].get(k)
                                                                  for k in labels[1:]]
                 ax.bar([j + i * width for j in range(len(labels))], [v or 0 for v in vals], width=width,
@@ -213,7 +225,8 @@ def sec_pareto(runs: list[dict]) -> str:
     out = [_missing(r, "summary.json", "pairs kept per top-k") for r in runs if not r.get("summary")]
     out += [f"<p class='missing'><b>{_e(r['name'])}</b>: pairs kept not recorded in summary.json (add them with "
             f"<code>{_e(PRODUCERS['groups.json'].format(run=r['path']))} --update-summary {_e(r['path'])}/summary.json"
-            "</code>).</p>" for r in runs if r.get("summary") and not r["summary"].get("pairs_kept")]
+            "</code>).</p>" for r in runs if r.get("summary") and not r["summary"].get("pairs_kept")
+            and not _is_lora(r["summary"])]
     if not usable:
         return "".join(out)
     plt = _plt()
@@ -243,6 +256,9 @@ def sec_groups(runs: list[dict]) -> str:
     out = []
     for r in runs:
         s = r.get("summary")
+        if s and _is_lora(s):
+            out.append(f"<p class='muted'><b>{_e(r['name'])}</b>: a LoRA baseline has no groups.</p>")
+            continue
         if not s or not s.get("groups"):
             out.append(_missing(r, "summary.json", "group statistics"))
             continue

@@ -28,6 +28,9 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     ``rebalance``: ship the adapter with this online-rebalancing interval (an inference setting; see FocusConfig)."""
     run = Path(run_dir)
     summary = _need(run / "summary.json", "focusattn retrofit --out RUN")
+    if summary.get("method", "focus") != "focus":
+        raise InputError("run", str(run), f"a {summary['method']} run (`retrofit --method {summary['method']}`): "
+                         "ship-adapter ships Focus adapters; a LoRA adapter is used with peft directly")
     for f in (CONFIG, WEIGHTS):
         if not (run / "adapter" / f).is_file():
             raise InputError("run", str(run), f"missing adapter/{f} (written by `focusattn retrofit --out RUN`)")

@@ -8,6 +8,8 @@ def _f(x, nd=2):
 
 def retrofit_table(s: dict) -> str:
     """Markdown summary of one retrofit ``summary.json``."""
+    if s.get("method") == "lora":
+        return lora_table(s)
     cfg, par, ppl = s["config"], s["parameters"], s["perplexity"]
     f = cfg["focus"]
     lines = [
@@ -44,4 +46,25 @@ def retrofit_table(s: dict) -> str:
               "| dominance | " + " | ".join(f"{x['dominance']:.2f}" for x in g) + " |",
               "| confidence | " + " | ".join(f"{x['confidence']:.2f}" for x in g) + " |",
               "", f"adapter: `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
+    return "\n".join(lines)
+
+
+def lora_table(s: dict) -> str:
+    """Markdown summary of a LoRA-baseline ``summary.json`` (``focusattn retrofit --method lora``)."""
+    cfg, par, ppl = s["config"], s["parameters"], s["perplexity"]
+    alpha = cfg.get("lora_alpha") or 2 * cfg["lora_rank"]
+    lines = [
+        f"model `{cfg['model']}`, data `{cfg['data']}`, {cfg['steps']} steps x {cfg['batch_size'] * cfg['grad_accum']}"
+        f" x {cfg['seq_len']} tokens; LoRA r={cfg['lora_rank']}, alpha={alpha:g} on the attention projections",
+        "",
+        f"trainable parameters: {par['trainable']:,} ({par['percent']:.3f}% of {par['total']:,})",
+        "",
+        "| split | before | after: LoRA |",
+        "|---|---|---|",
+    ]
+    for split in ("domain", "ood"):
+        if split in ppl["after"]:
+            name = cfg["ood_data"] if split == "ood" else cfg["data"]
+            lines.append(f"| {split} ({name}) | {_f(ppl['before'].get(split))} | {_f(ppl['after'][split]['lora'])} |")
+    lines += ["", f"adapter (peft format): `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
     return "\n".join(lines)

@@ -76,6 +76,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
                   render_model_markdown(b, plot_link=f"results/{Path(b.get('plot', 'model_bench.png')).name}"), ""]
     runs = {p.stem.removeprefix("retrofit_"): _load(p) for p in sorted(d.glob("retrofit_*.json"))}
+    runs = {k: v for k, v in runs.items() if v.get("method", "focus") == "focus"}
     longer = {k: runs.pop(k) for k in [k for k in runs if k.startswith("long")]}  # other budgets: own sections
     parts.append("## Focus retrofit (SmolLM2-135M-Instruct, Shakespeare)\n")
     if "default" in runs:
@@ -89,6 +90,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
     for name, s in longer.items():
         parts += [f"### Longer sequences: `{name}`\n", f"Command: `{s.get('command')}`\n", retrofit_table(s), ""]
+    parts += experiment_sections(d, runs.get("default"))
     # (json file, our heading or None, renderer, extra keyword arguments, plots)
     sections = [
         ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", sinks_markdown, {}, []),
@@ -149,3 +151,66 @@ def render_lazy_bench(res: dict) -> str:
                      f"{x['ratio']:.2f}x |")
     lines += ["", "![lazy bench](results/lazy_bench.png)"]
     return "\n".join(lines)
+
+
+def lora_comparison(focus: dict | None, loras: dict[str, dict]) -> str:
+    """Focus routers vs LoRA on the attention projections, trained on one budget (Focus Tables 3-4 analogue)."""
+    head = ["method", "trainable parameters", "domain before", "domain after", "OOD before", "OOD after"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = ([("Focus (routers), soft / top-1", focus)] if focus else []) + [
+        (f"LoRA r={s['config']['lora_rank']} (q,k,v,o)", s) for s in loras.values()]
+    for name, s in rows:
+        p, b, a = s["parameters"], s["perplexity"]["before"], s["perplexity"]["after"]
+        n = p.get("trainable", p.get("router"))
+        if s.get("method") == "lora":
+            dom, ood = _f(a["domain"]["lora"]), _f(a.get("ood", {}).get("lora"))
+        else:
+            dom = f"{_f(a['domain'].get('soft'))} / {_f(a['domain'].get('top1'))}"
+            ood = f"{_f(a.get('ood', {}).get('soft'))} / {_f(a.get('ood', {}).get('top1'))}"
+        lines.append(f"| {name} | {n:,} ({p['percent']:.3f}%) | {_f(b.get('domain'))} | {dom} | {_f(b.get('ood'))} "
+                     f"| {ood} |")
+    budgets = {(s["config"]["steps"], s["config"]["seq_len"], s["config"]["batch_size"] * s["config"]["grad_accum"],
+                s["config"]["seed"], s["config"]["data"]) for _, s in rows}
+    if len(budgets) > 1:
+        lines += ["", f"**Budgets differ** (steps, T, batch, seed, data): {sorted(budgets)}; the rows do not compare."]
+    else:
+        st, t, bs, seed, data = budgets.pop()
+        lines += ["", f"Same budget for every row: {st} steps x {bs} x {t} tokens of {data}, seed {seed}, same "
+                  "schedule and evaluation windows. LoRA adapts the weights the model attends with and keeps full "
+                  "attention; Focus keeps the weights and removes pairs (top-1 is the sparse inference mode)."]
+    lines += ["", "Commands:", ""] + [f"- {name}: `{s.get('command')}`" for name, s in rows]
+    return "\n".join(lines)
+
+
+def experiment_sections(d: Path, default: dict | None) -> list[str]:
+    """Focus vs LoRA, the collapse ablation, the sweeps and group interpretability (issue 11), each from its JSON."""
+    from .collapse import render_markdown as collapse_markdown
+    from .groups import render_markdown as groups_markdown
+    from .sweeps import render_markdown as sweeps_markdown
+
+    parts = ["## Focus vs LoRA (the paper's Tables 3-4, at the demo budget)\n"]
+    loras = {p.stem: _load(p) for p in sorted(d.glob("lora_*.json"))}
+    if loras:
+        parts += [lora_comparison(default, loras), ""]
+    else:
+        parts.append("_Not yet measured (`lora_*.json` absent; `make lora`)._\n")
+    parts.append("## Collapse ablation: softmax vs Sinkhorn, sequence vs causal routing (the paper's §5, Table 8)\n")
+    if (d / "collapse.json").exists():
+        doc = _load(d / "collapse.json")
+        link = f"results/{doc['plot']}" if doc.get("plot") and (d / doc["plot"]).exists() else None
+        parts += [collapse_markdown(doc, plot_link=link), ""]
+    else:
+        parts.append("_Not yet measured (`collapse.json` absent; `make ablation`)._\n")
+    parts.append("## Sweeps: K, w, τ, d_g one at a time (the paper's Table 9 analogue)\n")
+    sweeps = {p.stem.removeprefix("sweep_"): _load(p) for p in sorted(d.glob("sweep_*.json"))}
+    if sweeps:
+        parts += [sweeps_markdown(sweeps), ""]
+    else:
+        parts.append("_Not yet measured (`sweep_*.json` absent; `make sweeps`)._\n")
+    parts.append("## Group interpretability: what the groups hold\n")
+    groups = [_load(p) for p in sorted(d.glob("groups_*.json"))]
+    if groups:
+        parts += [groups_markdown(g) + "\n" for g in groups]
+    else:
+        parts.append("_Not yet measured (`groups_*.json` absent; `focusattn groups`)._\n")
+    return parts

@@ -27,7 +27,8 @@ def register(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="alias (smollm2-135m), hub id, or local folder")
     p.add_argument("--adapter", default=None,
-                   help="Focus adapter folder (RUN/adapter, or a retrofit RUN folder); without it only the original")
+                   help="Focus adapter folder (RUN/adapter, or a retrofit RUN folder), or a LoRA (peft) one from "
+                   "`retrofit --method lora`; without it only the original")
     p.add_argument("--tasks", default="offline",
                    help="comma list: 'offline' (shipped, no network) or its tasks, or lm-eval hub task names")
     p.add_argument("--limit", default=None, help="documents per task (an integer, or a fraction < 1)")

@@ -14,6 +14,7 @@ import logging
 import math
 import platform
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from .._io import write_json, write_text
@@ -167,9 +168,16 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
     from ..hf import is_composed, load_adapter, load_model, set_top_k, unload
     from ..hf.compose import focus_config
 
+    from ..hf.lora import is_lora_adapter, load_lora
+
     model, tok = load_model(model_spec)
-    cfg = None
-    if adapter_dir is not None:
+    cfg, peft_model = None, None
+    if adapter_dir is not None and is_lora_adapter(adapter_dir):  # a LoRA baseline (`retrofit --method lora`)
+        peft_model = load_lora(model, adapter_dir)  # refuses a foreign adapter before anything is evaluated
+        model = peft_model.get_base_model()  # LoRA layers sit in it; disable_adapter() gives the original
+        cfg = {"lora": {k: peft_model.peft_config["default"].to_dict()[k] for k in ("r", "lora_alpha")}}
+        modes = ["lora"]
+    elif adapter_dir is not None:
         load_adapter(model, adapter_dir)  # refuses a foreign/corrupt adapter before anything is evaluated
         cfg = focus_config(model)
         bad = [k for k in modes if k is not None and k > cfg.num_groups]
@@ -185,7 +193,7 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
 
     results, n_samples, breakdowns, seconds = {}, {}, {}, {}
     out = Path(out)
-    all_modes = [ORIGINAL] + [mode_name(k) for k in modes]
+    all_modes = [ORIGINAL] + [k if k == "lora" else mode_name(k) for k in modes]
     done: list[str] = []
 
     def _result(done_modes: list[str], complete: bool) -> dict:
@@ -214,15 +222,18 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
         }
 
     for mode in [ORIGINAL] + modes:
-        name = mode if mode == ORIGINAL else mode_name(mode)
-        if mode != ORIGINAL:
+        name = mode if mode in (ORIGINAL, "lora") else mode_name(mode)
+        if peft_model is not None:
+            pass  # the LoRA layers are switched off for the original below
+        elif mode != ORIGINAL:
             if not is_composed(model):
                 load_adapter(model, adapter_dir)
             set_top_k(model, mode)
             model.eval()
         log.info("evaluating %s on %s", name, ", ".join(names))
         t0 = time.time()
-        with torch.no_grad():
+        off = peft_model.disable_adapter() if peft_model is not None and mode == ORIGINAL else nullcontext()
+        with torch.no_grad(), off:
             metrics, n, extra = _evaluate(lm, names, tm, limit=limit, num_fewshot=num_fewshot,
                                           bootstrap_iters=bootstrap_iters, seed=seed)
         seconds[name] = time.time() - t0

@@ -69,13 +69,23 @@ def save_adapter(model, path: str | os.PathLike) -> Path:
     return path
 
 
+class _NotFocus(ValueError):
+    pass
+
+
 def read_adapter_config(path: str | os.PathLike) -> dict:
     p = Path(path) / CONFIG
     if not p.is_file():
         raise ValueError(f"adapter {path}: missing {CONFIG} (not a Focus adapter folder)")
     try:
         meta = json.loads(p.read_text())
+        if "peft_type" in meta:
+            raise _NotFocus(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
+                            "--method lora`), not a Focus adapter: this command needs one from `focusattn retrofit` "
+                            "(only `focusattn eval` also takes LoRA)")
         FocusConfig.from_dict(meta["focus_config"])
+    except _NotFocus:
+        raise
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"adapter {path}: corrupt {CONFIG} ({e})") from e
     return meta

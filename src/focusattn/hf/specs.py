@@ -13,10 +13,12 @@ class ArchSpec:
     layers: str  # dotted path to the list of decoder blocks
     attention: str  # attribute of a block holding its self-attention module
     notes: str
+    # the attention projections (children of the attention module) a LoRA baseline adapts: q, k, v and output
+    projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 SPECS: dict[str, ArchSpec] = {
-    "gpt2": ArchSpec("transformer.h", "attn", "MHA, fused c_attn, learned positions"),
+    "gpt2": ArchSpec("transformer.h", "attn", "MHA, fused c_attn, learned positions", ("c_attn", "c_proj")),
     "llama": ArchSpec("model.layers", "self_attn", "GQA, RoPE (SmolLM2 is a Llama)"),
     "mistral": ArchSpec("model.layers", "self_attn", "GQA, optional sliding window"),
     "qwen2": ArchSpec("model.layers", "self_attn", "GQA, q/k/v bias, optional sliding window"),

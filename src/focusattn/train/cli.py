@@ -7,7 +7,7 @@ from ..focus.config import ROUTINGS, FocusConfig
 from ..kernels.backends import BACKENDS
 from ..kernels.soft import GATES
 from ..analysis.report import retrofit_table
-from .retrofit import RetrofitConfig, retrofit
+from .retrofit import METHODS, RetrofitConfig, retrofit
 
 
 def add_focus_args(p: argparse.ArgumentParser) -> None:
@@ -44,7 +44,8 @@ def _retrofit(a) -> int:
         eval_windows=a.eval_windows, ood_eval_windows=a.ood_eval_windows,
         eval_top_ks=tuple(int(x) for x in a.eval_top_k.split(",")) if a.eval_top_k else None,
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume,
-        balance_loss=a.balance_loss, lam_final=a.lam_final,
+        balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
+        lora_alpha=a.lora_alpha,
         focus=focus_from_args(a),
     )
     summary = retrofit(cfg, command=a.command_line)
@@ -78,5 +79,11 @@ def register(sub) -> None:
                    help="weight of the routers' load-balance loss (keeps groups, and sparse-kernel cost, balanced)")
     p.add_argument("--lam-final", type=float, default=d.lam_final,
                    help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
+    g = p.add_argument_group("method")
+    g.add_argument("--method", choices=METHODS, default=d.method,
+                   help="focus: train the routers; lora: the baseline, LoRA on the attention projections (q,k,v,o) "
+                   "with the same data, steps, seed, schedule and evaluation (peft format in OUT/adapter)")
+    g.add_argument("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r (--method lora)")
+    g.add_argument("--lora-alpha", type=float, default=d.lora_alpha, help="LoRA alpha (scale alpha/r; default 2r)")
     add_focus_args(p)
     p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k"})  # library argument -> flag in errors

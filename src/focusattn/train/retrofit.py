@@ -1,4 +1,7 @@
-"""Centroid-only Focus retrofit: freeze a pretrained LM, train only the routers, evaluate before and after."""
+"""Centroid-only Focus retrofit: freeze a pretrained LM, train only the routers, evaluate before and after.
+
+``method="lora"`` trains the paper's baseline instead, LoRA on the attention projections (``hf/lora.py``), through the
+same path: same data, batches, seed, schedule, loop and evaluation, so the two compare on one table."""
 from __future__ import annotations
 
 import logging
@@ -19,10 +22,13 @@ from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..hf.compose import focus_config, update_config
 from ..hf.io import adapter_state, load_adapter_state
+from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
 from .checkpoint import load_checkpoint
 from .loop import TrainConfig, adamw, train_loop
 
 log = logging.getLogger("focusattn")
+
+METHODS = ("focus", "lora")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,9 @@ class RetrofitConfig(TrainConfig):
     grad_checkpointing: bool = False
     balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
     lam_final: float | None = None  # anneal the soft gate's lambda geometrically to this value (train for the hard mask)
+    method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
+    lora_rank: int = 8
+    lora_alpha: float | None = None  # LoRA scale alpha / rank; None = 2 * rank
     focus: FocusConfig = field(default_factory=FocusConfig)
 
     def __post_init__(self):
@@ -59,6 +68,12 @@ class RetrofitConfig(TrainConfig):
             raise InputError("ood_eval_windows", self.ood_eval_windows, f"allowed an integer >= 0 ({c}.ood_eval_windows)")
         if not self.balance_loss >= 0:
             raise InputError("balance_loss", self.balance_loss, f"allowed a float >= 0 ({c}.balance_loss)")
+        if self.method not in METHODS:
+            raise InputError("method", self.method, f"allowed {', '.join(METHODS)} ({c}.method)")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 1:
+            raise InputError("lora_rank", self.lora_rank, f"allowed an integer >= 1 ({c}.lora_rank)")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise InputError("lora_alpha", self.lora_alpha, f"allowed None or a float > 0 ({c}.lora_alpha)")
         if self.lam_final is not None and not self.lam_final > 0:
             raise InputError("lam_final", self.lam_final, f"allowed None or a float > 0 ({c}.lam_final)")
         if self.eval_top_ks is not None:
@@ -130,9 +145,14 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if ood_w is not None:
             before["ood"] = perplexity(model, ood_w, desc="before: ood", progress=progress)["ppl"]
 
-    compose(model, cfg.focus)
-    params = router_parameters(model)
-    n_router = sum(p.numel() for p in params)
+    lora = cfg.method == "lora"
+    if lora:
+        model = add_lora(model, cfg.lora_rank, cfg.lora_alpha)
+        params = lora_parameters(model)
+    else:
+        compose(model, cfg.focus)
+        params = router_parameters(model)
+    n_train = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
     opt = adamw(params, cfg)
     if ckpt is not None:
@@ -147,16 +167,15 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.eval()
-    rs = routers(model)
+    rs = [] if lora else routers(model)
     for r in rs:
         r.train()
     device = next(model.parameters()).device
     step_rng = {}
 
     def before_step(step: int) -> None:
-        lam = _lam(cfg, step)
-        if lam != focus_config(model).lam:
-            update_config(model, lam=lam)
+        if not lora and _lam(cfg, step) != focus_config(model).lam:
+            update_config(model, lam=_lam(cfg, step))
         step_rng["rng"] = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
 
     def next_batch(step: int, micro: int) -> torch.Tensor:
@@ -165,35 +184,50 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def loss_of(x: torch.Tensor):
         loss = model(x, labels=x).loss
+        if lora:
+            return loss, {"loss": loss.item()}
         bal = torch.stack([r.balance for r in rs]).mean()
         return loss + cfg.balance_loss * bal, {"loss": loss.item(), "balance": bal.item()}
 
     def record(step: int, rec: dict) -> dict:
-        return {"step": step, "loss": rec["loss"], "balance": rec["balance"], "lam": focus_config(model).lam,
-                "lr": rec["lr"], "grad_norm": rec["grad_norm"], "tokens_per_s": rec["tokens_per_s"],
+        common = {"step": step, "loss": rec["loss"], "lr": rec["lr"], "grad_norm": rec["grad_norm"],
+                  "tokens_per_s": rec["tokens_per_s"]}
+        if lora:
+            return common
+        # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
+        return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
                 "largest_share": [r.largest_share for r in rs]}
 
+    source = f"{ckpt_path} (delete it or start without resuming)"
     train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
-               trainable=lambda: adapter_state(model),
-               load_trainable=lambda t: load_adapter_state(
-                   model, t, source=f"{ckpt_path} (delete it or start without resuming)"),
+               trainable=(lambda: lora_state(model)) if lora else (lambda: adapter_state(model)),
+               load_trainable=(lambda t: load_lora_state(model, t, source=source)) if lora
+               else (lambda t: load_adapter_state(model, t, source=source)),
                clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before},
                tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
     model.eval()
-    update_config(model, lam=_lam(cfg, cfg.steps))
-
-    adapter_dir = save_adapter(model, out / "adapter")
-    after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
-    if ood_w is not None:
-        after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
-    stats = group_stats(model, val_w[: min(2, len(val_w))], top_ks)
+    if lora:
+        adapter_dir = save_lora(model, out / "adapter")
+        after = {"domain": {"lora": perplexity(model, val_w, desc="after: domain lora")["ppl"]}}
+        if ood_w is not None:
+            after["ood"] = {"lora": perplexity(model, ood_w, desc="after: ood lora")["ppl"]}
+        stats = {"layers": [], "pairs_kept": {}}
+    else:
+        update_config(model, lam=_lam(cfg, cfg.steps))
+        adapter_dir = save_adapter(model, out / "adapter")
+        after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
+        if ood_w is not None:
+            after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
+        stats = group_stats(model, val_w[: min(2, len(val_w))], top_ks)
+    n_key = "lora" if lora else "router"
     summary = {
         "command": command,
+        "method": cfg.method,
         "config": cfg.to_dict(),
         "corpus": corpus.describe(),
-        "parameters": {"router": n_router, "total": n_total, "percent": 100.0 * n_router / n_total},
+        "parameters": {n_key: n_train, "trainable": n_train, "total": n_total, "percent": 100.0 * n_train / n_total},
         "perplexity": {"before": before, "after": after},
         "groups": stats["layers"],
         "pairs_kept": stats["pairs_kept"],

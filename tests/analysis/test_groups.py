@@ -1,0 +1,78 @@
+"""Group interpretability: the per-layer table (share, frequent tokens, purity, examples) and stability between two
+routings, on hand-made assignments with known answers, then ``focusattn groups --compare`` on a tiny random model."""
+import json
+
+import numpy as np
+import pytest
+
+from focusattn.analysis.groups import group_table, render_markdown, stability
+from focusattn.cli import main
+from tests.conftest import char_tokenizer
+
+
+def _ids(text):
+    return np.array([[ord(c) - 32 for c in text]])
+
+
+def test_group_table_known_purity():
+    tok = char_tokenizer()
+    ids = _ids("abab" "abcc")  # a x3... : a, b, a, b, a, b, c, c
+    arg = np.array([[0, 1, 0, 1, 0, 0, 1, 1]])  # every 'a' -> G0; 'b' twice G1, once G0; 'c' -> G1
+    rows = group_table(ids, arg, 3, tok, examples=2, context=2)
+    g0, g1, g2 = rows
+    assert g0["share"] == pytest.approx(4 / 8) and g1["share"] == pytest.approx(4 / 8) and g2["share"] == 0
+    assert [(t["token"], t["count"]) for t in g0["tokens"]] == [("a", 3), ("b", 1)]
+    assert [t["purity"] for t in g0["tokens"]] == pytest.approx([1.0, 1 / 3])
+    # group purity: mean over its tokens of the token type's share routed here: (3 * 1 + 1 * 1/3) / 4
+    assert g0["purity"] == pytest.approx((3 + 1 / 3) / 4)
+    assert g1["purity"] == pytest.approx((2 * 2 / 3 + 2 * 1) / 4)
+    assert g2["purity"] is None and g2["tokens"] == [] and g2["examples"] == []
+    assert g0["examples"] == ["[[a]]b", "ba[[b]]c"]  # first and last occurrence, the token marked
+    md = render_markdown({"adapter": "A", "data": "d", "windows": 1, "seq_len": 8, "num_groups": 3,
+                          "tables": {"1": rows}, "command": "focusattn groups"})
+    assert "| G0 | 0.500 | 0.83 | `a` 3 (1.00) `b` 1 (0.33) | [[a]]b |" in md
+
+
+def test_stability_counts_kept_groups_and_relabelling():
+    a = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    assert stability(a, a, 4)["same_index"] == 1.0
+    perm = np.array([2, 3, 0, 1])[a]  # the same partition under other group numbers
+    s = stability(a, perm, 4)
+    assert s["same_index"] == 0.0 and s["matched"] == 1.0 and s["chance"] == 0.25 and s["tokens"] == 8
+    b = a.copy()
+    b[:2] = 1  # two tokens move
+    assert stability(a, b, 4)["same_index"] == pytest.approx(6 / 8)
+
+
+def test_groups_cli_table_and_stability_against_a_checkpoint(tmp_path, tiny_dir, capsys):
+    run = tmp_path / "run"
+    base = ["--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--seq-len", "48"]
+    assert main(["retrofit", *base, "--ood-data", "none", "--out", str(run), "--groups", "4", "--window", "8",
+                 "--eval-windows", "1", "--steps", "2", "--checkpoint-every", "1", "--eval-top-k", "1"]) == 0
+    out = tmp_path / "g"
+    rc = main(["groups", *base, "--adapter", str(run), "--out", str(out), "--eval-windows", "2", "--layers", "0,1",
+               "--compare", str(run / "checkpoint.pt"), "--examples", "2"])
+    assert rc == 0
+    g = json.loads((out / "groups.json").read_text())
+    assert set(g["tables"]) == {"0", "1"} and len(g["tables"]["1"]) == 4
+    for rows in g["tables"].values():
+        assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+        assert all(r["purity"] is None or r["share"] - 1e-9 <= r["purity"] <= 1 for r in rows)
+    # the checkpoint is the last step's routers: every token keeps its group
+    assert g["stability"]["1"]["same_index"] == 1.0 and g["stability"]["0"]["tokens"] == 2 * 48
+    assert "| layer | same group number |" in (out / "groups.md").read_text()
+    assert "stability layer 1: same group 1.000" in capsys.readouterr().out
+    # a layer that does not exist, and a checkpoint used alone, are refused before any work
+    assert main(["groups", *base, "--adapter", str(run), "--out", str(tmp_path / "x"), "--layers", "7"]) == 2
+    assert "--layers [7]: the model has layers 0..1" in capsys.readouterr().err
+    assert main(["groups", *base, "--adapter", str(run / "checkpoint.pt"), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_groups_update_summary_missing_is_named_before_any_work(tmp_path, capsys, monkeypatch):
+    import focusattn.analysis.cli as acli
+
+    monkeypatch.setattr(acli, "groups_report", lambda *a, **k: pytest.fail("ran before checking its inputs"))
+    rc = main(["groups", "--adapter", "x", "--update-summary", str(tmp_path), "--out", str(tmp_path / "g")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "missing summary.json" in err and "focusattn retrofit --out RUN" in err
