@@ -72,6 +72,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                                 plot_link="results/pareto.png" if (d / "pareto.png").exists() else None), ""]
     else:
         parts.append("_Not yet measured (`long_eval*.json` absent)._\n")
+    if (d / "rebalance_probe.json").exists():
+        parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
+            _load(d / "rebalance_probe.json")), ""]
     for b in bench_docs:
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
                   render_model_markdown(b, plot_link=f"results/{Path(b.get('plot', 'model_bench.png')).name}"), ""]
@@ -214,3 +217,19 @@ def experiment_sections(d: Path, default: dict | None) -> list[str]:
     else:
         parts.append("_Not yet measured (`groups_*.json` absent; `focusattn groups`)._\n")
     return parts
+
+
+def rebalance_markdown(doc: dict) -> str:
+    """Perplexity change against the original model and the largest group (max over layers) per rebalancing
+    interval N (0 = the offsets learned in training alone), per corpus and top-k."""
+    rows = doc["results"]
+    lines = [f"Adapter `{doc['adapter']}`, T = {doc['T']}, {doc['windows']} windows per corpus. Largest group: the "
+             "share of tokens whose top group is the largest one, max over layers (balanced = 1/K; target ≤ 2/K).", "",
+             "| corpus | N | top-1 ppl Δ | top-2 ppl Δ | largest group (max over layers) |", "|---|---|---|---|---|"]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        for n in dict.fromkeys(r["rebalance"] for r in rows if r["data"] == data):
+            by_k = {r["top_k"]: r for r in rows if r["data"] == data and r["rebalance"] == n}
+            delta = lambda k: f"{100 * by_k[k]['delta']:+.1f}%" if k in by_k else "—"  # noqa: E731
+            lines.append(f"| {data} | {n or 'off'} | {delta(1)} | {delta(2)} | "
+                         f"{max(r['max_top1_share'] for r in by_k.values()):.2f} |")
+    return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
