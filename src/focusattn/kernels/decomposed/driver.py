@@ -36,17 +36,20 @@ import torch
 
 from ..backends import flash_attn_varlen
 from ..common import default_scale
-from ..lse import acc, merge_pair
+from ..lse import merge_signed_
 from . import band, same_group
 from .chunk import NEG_INF
 from .plan import Grads, Problem, plan_groups
 
 
 def _forward(p: Problem, plans, varlen_fn=None):
+    """Merge every part into one ``[B, Hq, T, D]`` accumulator, tile by tile and in place: the only buffers that
+    outlive a tile are the output and its LSE."""
     bsz, hq, t, d = p.q.shape
     o_acc = p.zeros(bsz, hq, t, d)
     l_acc = torch.full((bsz, hq, t), NEG_INF, device=p.q.device, dtype=o_acc.dtype)
-    overlap = bool((p.membership.sum(-1) > 1).any())
+    # top-1 (one part per token, all positive): each tile is copied in, no merge
+    overlap = bool((p.membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
 
     results = {}
     if varlen_fn is not None:
@@ -54,25 +57,28 @@ def _forward(p: Problem, plans, varlen_fn=None):
         if plain:
             results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
     for x in plans:
-        o_p, l_p = results[id(x)] if id(x) in results else same_group.forward(p, x)
-        if overlap:
-            o_m, l_m = merge_pair(o_acc[x.b].index_select(1, x.idx), l_acc[x.b].index_select(1, x.idx), o_p[0],
-                                  l_p[0])
-        else:  # top-1: each token's only same-group partial goes straight in
-            o_m, l_m = acc(o_p[0]), acc(l_p[0])
-        o_acc[x.b].index_copy_(1, x.idx, o_m)
-        l_acc[x.b].index_copy_(1, x.idx, l_m)
+        tiles = [(0, len(x.idx), *results.pop(id(x)))] if id(x) in results else same_group.forward_tiles(p, x)
+        for r0, r1, o_p, l_p in tiles:
+            idx = x.idx[r0:r1]
+            if overlap:
+                o_m, l_m = merge_signed_(o_acc[x.b].index_select(1, idx), l_acc[x.b].index_select(1, idx), o_p[0],
+                                         l_p[0], x.sign)
+            else:
+                o_m, l_m = o_p[0], l_p[0]
+            o_acc[x.b].index_copy_(1, idx, o_m.to(o_acc.dtype))
+            l_acc[x.b].index_copy_(1, idx, l_m.to(l_acc.dtype))
+            del o_p, l_p, o_m, l_m
     if p.window > 0:
-        o_b, l_b = band.forward(p)
-        o_acc, l_acc = merge_pair(o_acc, l_acc, o_b, l_b)
+        for r0, r1, o_b, l_b in band.forward_chunks(p):
+            merge_signed_(o_acc[:, :, r0:r1], l_acc[:, :, r0:r1], o_b, l_b)
     return o_acc, l_acc
 
 
 class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn):
+    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap)
-        plans = plan_groups(membership, kpm)
+        plans = plan_groups(membership, kpm, decomposition)
         o, lse = _forward(p, plans, varlen_fn)
         out = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
@@ -92,21 +98,24 @@ class _DecomposedFocus(torch.autograd.Function):
             same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
-        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None
+        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                               return_lse=False, varlen_fn="auto"):
+                               return_lse=False, varlen_fn="auto", decomposition="auto"):
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor (inputs assumed validated by the API).
 
     ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
     backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
-    flash-attn installed and fp16/bf16 inputs.
+    flash-attn installed and fp16/bf16 inputs. ``decomposition``: how pairs sharing several groups are counted
+    once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
+    ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
     """
     scale = default_scale(q.shape[-1], scale)
     if varlen_fn == "auto":
         varlen_fn = None
         if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
             varlen_fn = flash_attn_varlen()
-    out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn)
+    out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
+                                      decomposition)
     return (out, lse) if return_lse else out
