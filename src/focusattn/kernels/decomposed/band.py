@@ -9,7 +9,7 @@ import torch
 from ..common import group_bits
 from ..lse import acc
 from . import plan as _plan
-from .chunk import NEG_INF, block_attn_bwd, block_attn_fwd
+from .chunk import block_attn_bwd, block_attn_fwd
 from .fused import cpu_flash_bwd, cpu_flash_fwd
 from .plan import Grads, Problem
 

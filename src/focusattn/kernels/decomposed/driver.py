@@ -39,6 +39,9 @@ from ..common import default_scale
 from ..lse import merge_signed_
 from . import band, same_group
 from .chunk import NEG_INF
+
+# Rows per in-place signed merge of a tile into the accumulator (bounds the gathered copy).
+MERGE_ROWS = 256
 from .plan import Grads, Problem, plan_groups
 
 
@@ -59,15 +62,19 @@ def _forward(p: Problem, plans, varlen_fn=None):
     for x in plans:
         tiles = [(0, len(x.idx), *results.pop(id(x)))] if id(x) in results else same_group.forward_tiles(p, x)
         for r0, r1, o_p, l_p in tiles:
-            idx = x.idx[r0:r1]
-            if overlap:
-                o_m, l_m = merge_signed_(o_acc[x.b].index_select(1, idx), l_acc[x.b].index_select(1, idx), o_p[0],
-                                         l_p[0], x.sign)
-            else:
-                o_m, l_m = o_p[0], l_p[0]
-            o_acc[x.b].index_copy_(1, idx, o_m.to(o_acc.dtype))
-            l_acc[x.b].index_copy_(1, idx, l_m.to(l_acc.dtype))
-            del o_p, l_p, o_m, l_m
+            if not overlap:
+                idx = x.idx[r0:r1]
+                o_acc[x.b].index_copy_(1, idx, o_p[0].to(o_acc.dtype))
+                l_acc[x.b].index_copy_(1, idx, l_p[0].to(l_acc.dtype))
+                continue
+            for s0 in range(0, r1 - r0, MERGE_ROWS):  # gathered rows: a fraction of a tile, not a tile
+                s1 = min(r1 - r0, s0 + MERGE_ROWS)
+                idx = x.idx[r0 + s0:r0 + s1]
+                o_m, l_m = merge_signed_(o_acc[x.b].index_select(1, idx), l_acc[x.b].index_select(1, idx),
+                                         o_p[0, :, s0:s1], l_p[0, :, s0:s1], x.sign)
+                o_acc[x.b].index_copy_(1, idx, o_m)
+                l_acc[x.b].index_copy_(1, idx, l_m)
+            del o_p, l_p
     if p.window > 0:
         for r0, r1, o_b, l_b in band.forward_chunks(p):
             merge_signed_(o_acc[:, :, r0:r1], l_acc[:, :, r0:r1], o_b, l_b)
