@@ -115,6 +115,16 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     for s in tg.get("not_faster_than_flex", []):
         lines.append(f"  - not faster at T={s['T']} K={s['K']} top-{s['top_k']}: "
                      f"{_ms(s['decomposed_s'])} ms vs flex {_ms(s['flex_s'])} ms")
+    for name, label in (("memory_fwd", "forward"), ("memory_fwd_bwd", "forward + backward")):
+        if tg.get(f"{name}_max_ratio_vs_sdpa") is not None:
+            lines.append(f"- peak memory ({label}) ≤ 1.5× SDPA's at every T: {_yes(tg[f'{name}_at_most_1_5x_sdpa'])} "
+                         f"(largest {tg[f'{name}_max_ratio_vs_sdpa']:.2f}×)")
+    if tg.get("cost_model_within_15pct") is not None:
+        out = tg.get("cost_model_outside_15pct") or []
+        lines.append(f"- cost model predicts the CPU time within 15%: {_yes(tg['cost_model_within_15pct'])}"
+                     + (" (outside: " + ", ".join(f"T={d['T']} K={d['K']} top-{d['top_k']} "
+                                                   f"{_pct(d['cpu_share_of_limit'])}" for d in out) + ")"
+                        if out else ""))
     exps = tg.get("memory_growth_exponent") or {}
     if exps:
         lines.append("- peak-memory growth exponent in T (1 = linear): " + ", ".join(

@@ -4,19 +4,28 @@ Files: :mod:`.plan` (the :class:`~.plan.Problem`, per-group plans, chunk sizes),
 :mod:`.band` (part B), :mod:`.chunk` (generic chunk kernels), :mod:`.fused` (the fused CPU op), this driver (the
 merge and the ``autograd.Function``).
 
-The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i`` = token i's groups) is split into two
-*disjoint* parts whose partial softmaxes are merged exactly by log-sum-exp (:mod:`.lse`):
+The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i`` = token i's groups) is split into
+same-group pairs (A) and cross-group local pairs (B), whose partial softmaxes are merged by log-sum-exp (:mod:`.lse`):
 
-* **A, same-group**, attributed to the *lowest shared group*: in group g's sub-problem, key j is allowed for query i
-  iff ``j <= i``, both are in g, and they share no group ``< g``. With top-1 nobody has a lower group, so every
-  sub-problem is plain causal attention over the group's tokens in position order (a stable sort by group keeps
-  causal order), which is what the fused kernel does best. With top-k > 1 the rule "share no lower group" is
-  ``(m_i[:g] · m_j[:g]) == 0``: it counts a pair sharing two groups exactly once, and group 0 never needs a mask.
-* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's).
+* **A, same-group, by inclusion–exclusion** (default, ``plan.IE_MAX_SET`` >= every token's group count): for every
+  non-empty group set ``X`` held by some token, causal attention over the tokens whose set contains ``X``, with
+  sign ``(-1)^(|X|+1)``. A pair sharing ``c`` groups is counted ``sum_m (-1)^(m+1) C(c, m) = 1`` time, so the
+  signed sum of the parts' ``exp(LSE)`` (and of their ``exp(LSE) * out``) is exactly A's. Every part is plain causal
+  attention over a stable-sorted token list: the fused op's fastest case, no per-pair mask. With top-2 the
+  subtracted parts are the tokens whose two groups are equal (``~2/K^2`` of a group's cost each); top-1 has none.
+  Merging is stable: positive parts come first and a subtracted part's keys are a subset of what is already held
+  at least twice over, so each subtraction loses at most a factor 2 of relative precision.
+* **A, lowest shared group** (fallback for tokens with more groups): in group g's sub-problem, key j is allowed
+  for query i iff ``j <= i``, both are in g, and they share no group ``< g`` (``(m_i[:g] · m_j[:g]) == 0``): a
+  per-pair mask, so row chunks on the masked path.
+* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's). A
+  covers every pair sharing a group, B only pairs sharing none: disjoint, whatever A's decomposition.
 
-Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups), B is ``T (w + C)`` pairs
-(query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor exists: group sub-problems are handed whole to
-the fused kernel (which tiles internally) or cut into row chunks with ``[rows, keys]`` masks of bounded size.
+Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups) plus inclusion–exclusion's
+intersections, B is ``T (w + C)`` pairs (query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor
+exists, and no ``[B, Hq, T, D]`` buffer besides the output: parts longer than ``plan.tile_rows(T)`` are cut into
+causal tiles (rows ``r0:r1`` against keys ``r0:r1`` causally plus keys ``0:r0`` in full), and each tile and band
+chunk is merged into the output in place at once (peak extra memory: the output plus a few tile-sized buffers).
 
 Engines for part A: ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``: fused, returns LSE, one
 call per group, so groups are packed with no padding waste — the CPU analogue of varlen), ``varlen`` (flash-attn on
@@ -26,7 +35,8 @@ softcap, which the fused CPU op lacks, and for dtypes/devices without a fused op
 Gradients: the fused op's LSE carries no autograd graph, so the whole computation is one ``autograd.Function``.
 Its backward uses the standard ring-attention identity: given the *merged* output ``O`` and LSE ``L``, each part's
 contribution to ``dS`` is ``P_ij (dP_ij - Δ_i)`` with ``P_ij = exp(s_ij - L_i)`` and ``Δ_i = dO_i · O_i``, so every
-part can be back-propagated independently with the fused backward op (fed ``O`` and ``L``). A gradient flowing into
+part can be back-propagated independently with the fused backward op (fed ``O`` and ``L``); a subtracted part's
+gradients are added with the opposite sign (its ``dS`` negated). A gradient flowing into
 the returned LSE adds ``g_i P_ij`` to ``dS``; for the fused op this is injected by appending a ones-column to ``v``
 (``dP`` gains ``g_i``) and a zero-column to ``O`` (``Δ`` unchanged).
 """
