@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels.decomposed import decomposed_focus_attention
+from focusattn.kernels.decomposed import driver as driver_mod
 from focusattn.kernels.decomposed import plan as plan_mod
 from focusattn.kernels.lse import merge_signed_
 from focusattn.kernels.reference import dense_focus_attention, masked_attention
@@ -103,7 +104,9 @@ def test_left_padding_stays_unmasked():
 
 
 def test_causal_tiles_match_dense(monkeypatch):
-    """Tiny tiles: every part is cut into rectangle + causal-square pairs, forward and backward."""
+    """Tiny tiles and merge slices: every part is cut into rectangle + causal-square pairs, forward and backward,
+    and merged into the output a few rows at a time."""
+    monkeypatch.setattr(driver_mod, "MERGE_ROWS", 3)
     monkeypatch.setattr(plan_mod, "MIN_TILE", 5)
     monkeypatch.setattr(plan_mod, "TILE_FRACTION", 1000)
     gen = torch.Generator().manual_seed(7)
