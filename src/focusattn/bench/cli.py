@@ -1,6 +1,7 @@
 """``focusattn bench``: parse, call :func:`run_kernel_bench`, print where the results went."""
 from __future__ import annotations
 
+from .common import ROUTINGS
 from .decode import run_decode_bench
 from .prefill import run_kernel_bench
 from .report import render_markdown
@@ -28,6 +29,16 @@ def register(subparsers) -> None:
                    help="torch threads (use 1 on a shared machine; default: torch's setting)")
     p.add_argument("--no-flex", action="store_true", help="skip the FlexAttention comparison")
     p.add_argument("--flex-groups", nargs="+", default=None, help="run flex only for these K (default: all)")
+    p.add_argument("--routing", choices=ROUTINGS, default="random",
+                   help="memberships: random (balanced), zipf (imbalanced sizes), captured (--routing-file)")
+    p.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of the group probabilities")
+    p.add_argument("--routing-file", default=None,
+                   help="captured routing (scripts/capture_routing.py), e.g. "
+                        "docs/results/data/routing-smollm2-135m-focus-k8.safetensors")
+    p.add_argument("--routing-layer", type=int, default=None,
+                   help="layer of the captured routing (default: the most imbalanced one)")
+    p.add_argument("--memory-backward", action="store_true",
+                   help="also measure the peak memory of forward + backward (one call per function)")
     p.set_defaults(func=_handler)
 
     m = subparsers.add_parser("bench-model", help="whole-model prefill/decode speed: original vs a Focus adapter "
@@ -79,7 +90,9 @@ def _handler(args) -> int:
         kw["flex_groups"] = _ints(args.flex_groups)
     doc = run_kernel_bench(args.out, quick=args.quick, window=args.window, repeats=args.repeats,
                            decode_len=args.decode_len, decode_repeats=args.decode_repeats, flex=not args.no_flex,
-                           threads=args.threads, command=command, **kw)
+                           threads=args.threads, command=command, routing=args.routing, zipf_s=args.zipf_s,
+                           routing_file=args.routing_file, routing_layer=args.routing_layer,
+                           memory_backward=args.memory_backward, **kw)
     print(render_markdown(doc))
     print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
     return 0

@@ -28,6 +28,56 @@ def random_membership(t: int, k_groups: int, top_k: int, seed: int) -> torch.Ten
     return torch.zeros(1, t, k_groups, dtype=torch.bool).scatter_(-1, order, True)
 
 
+ROUTINGS = ("random", "zipf", "captured")
+
+
+def zipf_membership(t: int, k_groups: int, top_k: int, seed: int, s: float = 1.0) -> torch.Tensor:
+    """Imbalanced routing: each token draws ``top_k`` distinct groups with probabilities ``∝ 1 / (g + 1)^s``
+    (Gumbel top-k, i.e. sampling without replacement), so group 0 is the giant one (``s = 1``, K = 8: ~37% of
+    the tokens' first choices)."""
+    gen = torch.Generator().manual_seed(seed)
+    logp = -s * torch.log(torch.arange(1, k_groups + 1, dtype=torch.float64))
+    gumbel = -torch.log(-torch.log(torch.rand(1, t, k_groups, generator=gen, dtype=torch.float64)))
+    order = (logp + gumbel).topk(top_k, dim=-1).indices
+    return torch.zeros(1, t, k_groups, dtype=torch.bool).scatter_(-1, order, True)
+
+
+def load_captured(path) -> tuple[torch.Tensor, dict]:
+    """``(top_groups [layers, T, 3] long, metadata)`` from :mod:`scripts/capture_routing.py`'s file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor("top_groups").long(), dict(f.metadata() or {})
+
+
+def captured_membership(top_groups: torch.Tensor, t: int, k_groups: int, top_k: int, layer: int) -> torch.Tensor:
+    """The learned top-k membership of the first ``t`` tokens of one captured layer, ``[1, t, K]``."""
+    if t > top_groups.shape[1]:
+        raise ValueError(f"length {t} exceeds the captured routing's {top_groups.shape[1]} tokens")
+    if top_k > top_groups.shape[2]:
+        raise ValueError(f"top_k {top_k} exceeds the captured ranking depth {top_groups.shape[2]}")
+    idx = top_groups[layer, :t, :top_k][None]
+    return torch.zeros(1, t, k_groups, dtype=torch.bool).scatter_(-1, idx, True)
+
+
+def worst_layer(top_groups: torch.Tensor, t: int, k_groups: int) -> int:
+    """The captured layer whose top-1 groups are the most imbalanced (largest ``sum_g n_g^2``): the slowest."""
+    costs = [float((torch.bincount(top_groups[i, :t, 0], minlength=k_groups).double() ** 2).sum())
+             for i in range(top_groups.shape[0])]
+    return max(range(len(costs)), key=costs.__getitem__)
+
+
+def work_ratio(membership: torch.Tensor, window: int) -> float:
+    """Full causal pairs over the pairs the kernel really computes: every same-group part of its plan
+    (inclusion–exclusion adds the intersections, each ``n(n+1)/2``) plus the window band ``T (C + w)``."""
+    from ..kernels.decomposed.plan import BAND_BLOCK, plan_groups
+
+    t = membership.shape[1]
+    parts = sum(len(x.idx) * (len(x.idx) + 1) / 2 for x in plan_groups(membership, None))
+    band = t * (BAND_BLOCK + min(window, t)) if window > 0 else 0
+    return (t * (t + 1) / 2) / (parts + band)
+
+
 def theoretical_ratio(membership: torch.Tensor, window: int) -> float:
     t = membership.shape[1]
     n = membership[0].sum(0).double()
@@ -39,3 +89,11 @@ def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def timed_cpu(fn):
+    """``(out, wall seconds, CPU seconds of this thread)``: with one torch thread the CPU time is the kernel's
+    own work, unaffected by preemption when other jobs share the cores."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0, time.thread_time() - c0

@@ -24,6 +24,25 @@ def _yes(v):
     return "not measured" if v is None else ("yes" if v else "**no**")
 
 
+def _pct(x):
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def _rel(a, b):
+    return "—" if not a or not b else f"{a / b:.2f}"
+
+
+def _routing(cfg):
+    r = cfg.get("routing", "random")
+    if r == "zipf":
+        return f"Zipf-imbalanced top-k routing (s = {cfg.get('zipf_s')})"
+    if r == "captured":
+        cap = cfg.get("routing_capture") or {}
+        return (f"routing captured from adapter {cap.get('adapter', '?')} on {cap.get('data', '?')} "
+                + ("(most imbalanced layer)" if cfg.get("routing_layer") is None else f"(layer {cfg['routing_layer']})"))
+    return "random top-k routing"
+
+
 def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     cfg, env = doc["config"], doc["env"]
     rows = doc["results"]
@@ -34,18 +53,21 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
         "### Kernel benchmark (forward attention, CPU)",
         "",
         f"SmolLM2-135M attention shapes: {cfg['heads']} query heads, {cfg['kv_heads']} KV heads, "
-        f"D={cfg['head_dim']}, batch {cfg['batch']}, {cfg['dtype']}, window {cfg['window']}, random top-k routing. "
+        f"D={cfg['head_dim']}, batch {cfg['batch']}, {cfg['dtype']}, window {cfg['window']}, {_routing(cfg)}. "
         f"torch {env['torch']}, {env['threads']} threads, {env['platform']}, {env['time_utc']}. "
         f"Median of {cfg['repeats']} alternating repeats; speedup = full causal SDPA time / backend time in the same "
-        f"run. Flex: {cfg.get('flex_mode')}.",
+        f"run (CPU speedup: the same from the thread's CPU time; share = CPU speedup / theory, i.e. how much of "
+        f"the cost model's limit is reached). Mem ×: peak memory / SDPA's, forward (and forward + backward). "
+        f"Flex: {cfg.get('flex_mode')}.",
         "",
         f"Command: `{doc.get('command') or 'run_kernel_bench(...)'}`",
         "",
     ]
     if rows:
         lines += ["| T | K | top-k | SDPA ms | decomposed ms | speedup | theory | flex ms | flex speedup | "
-                  "dense ms | mem decomposed MiB | mem SDPA MiB | max abs diff |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "dense ms | mem decomposed MiB | mem SDPA MiB | max abs diff | CPU speedup | share | mem × | "
+                  "fwd+bwd mem × |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in cfg["lengths"]:
         for kk in cfg["groups"]:
             for tk in cfg["top_ks"]:
@@ -61,7 +83,9 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
                     f"{_x(d['ratio_vs_sdpa'])} | {_x(d.get('theoretical_ratio'))} | "
                     f"{_ms(f['median_s']) if f else '—'} | {_x(f['ratio_vs_sdpa']) if f else '—'} | "
                     f"{_ms(dn['median_s']) if dn else '—'} | {_mib(d.get('peak_mem_bytes'))} | "
-                    f"{_mib(s.get('peak_mem_bytes'))} | {diff} |")
+                    f"{_mib(s.get('peak_mem_bytes'))} | {diff} | {_x(d.get('cpu_ratio_vs_sdpa'))} | "
+                    f"{_pct(d.get('cpu_share_of_limit'))} | {_rel(d.get('peak_mem_bytes'), s.get('peak_mem_bytes'))} | "
+                    f"{_rel(d.get('peak_mem_fwd_bwd_bytes'), s.get('peak_mem_fwd_bwd_bytes'))} |")
     dec = doc.get("decode")
     if dec:
         when = "".join(f", {k} {dec[v]}" for k, v in (("threads", "threads"), ("at", "time_utc")) if dec.get(v))
@@ -91,6 +115,16 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     for s in tg.get("not_faster_than_flex", []):
         lines.append(f"  - not faster at T={s['T']} K={s['K']} top-{s['top_k']}: "
                      f"{_ms(s['decomposed_s'])} ms vs flex {_ms(s['flex_s'])} ms")
+    for name, label in (("memory_fwd", "forward"), ("memory_fwd_bwd", "forward + backward")):
+        if tg.get(f"{name}_max_ratio_vs_sdpa") is not None:
+            lines.append(f"- peak memory ({label}) ≤ 1.5× SDPA's at every T: {_yes(tg[f'{name}_at_most_1_5x_sdpa'])} "
+                         f"(largest {tg[f'{name}_max_ratio_vs_sdpa']:.2f}×)")
+    if tg.get("cost_model_within_15pct") is not None:
+        out = tg.get("cost_model_outside_15pct") or []
+        lines.append(f"- cost model predicts the CPU time within 15%: {_yes(tg['cost_model_within_15pct'])}"
+                     + (" (outside: " + ", ".join(f"T={d['T']} K={d['K']} top-{d['top_k']} "
+                                                   f"{_pct(d['cpu_share_of_limit'])}" for d in out) + ")"
+                        if out else ""))
     exps = tg.get("memory_growth_exponent") or {}
     if exps:
         lines.append("- peak-memory growth exponent in T (1 = linear): " + ", ".join(

@@ -45,4 +45,18 @@ def evaluate_targets(doc) -> dict:
                 name = backend if kk is None else f"{backend}_K{kk}_top{tk}"
                 slopes[name] = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
     res["memory_growth_exponent"] = slopes
+    # peak memory vs SDPA's at the same T (forward, and forward + backward when measured): target <= 1.5x
+    sdpa = {d["T"]: d for d in doc["results"] if d["backend"] == "sdpa"}
+    for field, name in (("peak_mem_bytes", "memory_fwd"), ("peak_mem_fwd_bwd_bytes", "memory_fwd_bwd")):
+        ratios = [d[field] / sdpa[d["T"]][field] for d in doc["results"]
+                  if d["backend"] == "decomposed" and d.get(field) and sdpa.get(d["T"], {}).get(field)]
+        res[f"{name}_max_ratio_vs_sdpa"] = max(ratios) if ratios else None
+        res[f"{name}_at_most_1_5x_sdpa"] = (max(ratios) <= 1.5) if ratios else None
+    # the cost model predicts the time within 15%: measured speed-up / theoretical one in [0.85, 1.15] (CPU time)
+    shares = [d for d in doc["results"] if d["backend"] == "decomposed" and d.get("cpu_share_of_limit")]
+    res["cost_model_within_15pct"] = (all(0.85 <= d["cpu_share_of_limit"] <= 1.15 for d in shares)
+                                      if shares else None)
+    res["cost_model_outside_15pct"] = [{"T": d["T"], "K": d["K"], "top_k": d["top_k"],
+                                        "cpu_share_of_limit": d["cpu_share_of_limit"]}
+                                       for d in shares if not 0.85 <= d["cpu_share_of_limit"] <= 1.15]
     return res

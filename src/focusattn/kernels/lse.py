@@ -45,3 +45,23 @@ def mark_empty(lse: torch.Tensor, has_key: torch.Tensor) -> torch.Tensor:
     otherwise give that empty part weight ``exp(0 - l)`` in the merge.
     """
     return lse.masked_fill(~has_key, float("-inf"))
+
+
+
+def merge_signed_(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor, sign: int = 1):
+    """In place on ``(o1, l1)`` (accumulation dtype, may be views of a larger buffer): the partial of
+    ``Z = exp(l1) + exp(l2)`` (``sign=1``) or ``exp(l1) - exp(l2)`` (``sign=-1``), computed relative to the larger
+    LSE. Subtraction is for inclusion–exclusion, where part 2's keys are a subset of what part 1 already holds at
+    least twice over (``exp(l2) <= exp(l1) / 2``), so the difference loses at most a factor 2 of relative
+    precision. Rows whose result is empty (``Z <= 0``) get ``o = 0``, ``l = -inf``. Returns ``(o1, l1)``."""
+    l2 = acc(l2)
+    ref = finite_or_zero(torch.maximum(l1, l2))
+    a = torch.exp(l1 - ref)
+    c = torch.exp(l2 - ref)
+    z = a - c if sign < 0 else a + c
+    pos = z > 0
+    inv = torch.where(pos, 1.0 / z, torch.zeros_like(z))
+    l1.copy_(torch.where(pos, ref + torch.log(z.clamp_min(torch.finfo(z.dtype).tiny)), float("-inf")))
+    o1.mul_((a * inv).unsqueeze(-1))
+    o1.addcmul_((c * inv).unsqueeze(-1), acc(o2), value=-1.0 if sign < 0 else 1.0)
+    return o1, l1

@@ -9,7 +9,7 @@ import torch
 from ..common import group_bits
 from ..lse import acc
 from . import plan as _plan
-from .chunk import NEG_INF, block_attn_bwd, block_attn_fwd
+from .chunk import block_attn_bwd, block_attn_fwd
 from .fused import cpu_flash_bwd, cpu_flash_fwd
 from .plan import Grads, Problem
 
@@ -56,7 +56,10 @@ class Band:
         return ok.flatten(0, 1)
 
     def chunks(self, bsz, hq):
-        step = max(1, _plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l))
+        """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/TILE_FRACTION`` of the sequence (so the
+        chunk's temporaries stay a small fraction of the output at every T)."""
+        step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
+                          -(-self.nb // _plan.TILE_FRACTION)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 
@@ -82,15 +85,15 @@ class Band:
         return x.view(bsz, n1 - n0, h, self.c, *tail).transpose(1, 2).reshape(bsz, h, (n1 - n0) * self.c, *tail)
 
 
-def forward(p: Problem):
-    """``(out [B, Hq, T, D], lse [B, Hq, T])`` of the banded part, float32."""
+def forward_chunks(p: Problem):
+    """Yield ``(r0, r1, out [B, Hq, r1 - r0, D], lse [B, Hq, r1 - r0])`` of the banded part, row chunk by row chunk
+    (rows ``r0:r1`` of the sequence), so the caller merges each chunk in place and no ``[B, Hq, T, D]`` band output
+    ever exists."""
     q, k, v = p.q, p.k, p.v
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
-    out = p.zeros(bsz, hq, band.nb * band.c, d)
-    lse = torch.full((bsz, hq, band.nb * band.c), NEG_INF, device=q.device, dtype=out.dtype)
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
@@ -100,10 +103,9 @@ def forward(p: Problem):
             o, l_ = block_attn_fwd(qb.view(qb.shape[0], hkv, hq // hkv, band.c, d), kb, vb, allowed[:, None, None],
                                    p.scale, p.softcap)
             o, l_ = o.reshape(qb.shape), l_.reshape(qb.shape[:3])
-        rows = slice(n0 * band.c, n1 * band.c)
-        out[:, :, rows] = band.unblock(o, bsz, n0, n1)
-        lse[:, :, rows] = band.unblock(l_, bsz, n0, n1)
-    return out[:, :, :t], lse[:, :, :t]
+        del qb, kb, vb, allowed
+        r0, r1 = n0 * band.c, min(t, n1 * band.c)
+        yield r0, r1, band.unblock(o, bsz, n0, n1)[:, :, :r1 - r0], band.unblock(l_, bsz, n0, n1)[:, :, :r1 - r0]
 
 
 def backward(p: Problem, g: Grads) -> None:
@@ -112,7 +114,6 @@ def backward(p: Problem, g: Grads) -> None:
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
-    dq_pad = p.zeros(bsz, hq, band.nb * band.c, d)
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
@@ -125,9 +126,9 @@ def backward(p: Problem, g: Grads) -> None:
             a, b_, c = block_attn_bwd(g5(qb), kb, vb, allowed[:, None, None], p.scale, p.softcap, g5(dob), g5(ob),
                                       g5(lb), None if dlb is None else g5(dlb))
             a = a.reshape(qb.shape)
-        dq_pad[:, :, n0 * band.c:n1 * band.c] += band.unblock(acc(a), bsz, n0, n1)
+        r0, r1 = n0 * band.c, min(t, n1 * band.c)
+        g.dq[:, :, r0:r1] += band.unblock(acc(a), bsz, n0, n1)[:, :, :r1 - r0]
         kidx = band.kpos_c[n0:n1].flatten()  # out-of-range keys were masked, so they add exact zeros
         nn = n1 - n0
         g.dk.index_add_(2, kidx, acc(b_).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
         g.dv.index_add_(2, kidx, acc(c).view(bsz, nn, hkv, band.l, d).transpose(1, 2).reshape(bsz, hkv, -1, d))
-    g.dq += dq_pad[:, :, :t]

@@ -4,19 +4,28 @@ Files: :mod:`.plan` (the :class:`~.plan.Problem`, per-group plans, chunk sizes),
 :mod:`.band` (part B), :mod:`.chunk` (generic chunk kernels), :mod:`.fused` (the fused CPU op), this driver (the
 merge and the ``autograd.Function``).
 
-The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i`` = token i's groups) is split into two
-*disjoint* parts whose partial softmaxes are merged exactly by log-sum-exp (:mod:`.lse`):
+The allowed set ``M = {j <= i and (i - j <= w or S_i ∩ S_j != ∅)}`` (``S_i`` = token i's groups) is split into
+same-group pairs (A) and cross-group local pairs (B), whose partial softmaxes are merged by log-sum-exp (:mod:`.lse`):
 
-* **A, same-group**, attributed to the *lowest shared group*: in group g's sub-problem, key j is allowed for query i
-  iff ``j <= i``, both are in g, and they share no group ``< g``. With top-1 nobody has a lower group, so every
-  sub-problem is plain causal attention over the group's tokens in position order (a stable sort by group keeps
-  causal order), which is what the fused kernel does best. With top-k > 1 the rule "share no lower group" is
-  ``(m_i[:g] · m_j[:g]) == 0``: it counts a pair sharing two groups exactly once, and group 0 never needs a mask.
-* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's).
+* **A, same-group, by inclusion–exclusion** (default, ``plan.IE_MAX_SET`` >= every token's group count): for every
+  non-empty group set ``X`` held by some token, causal attention over the tokens whose set contains ``X``, with
+  sign ``(-1)^(|X|+1)``. A pair sharing ``c`` groups is counted ``sum_m (-1)^(m+1) C(c, m) = 1`` time, so the
+  signed sum of the parts' ``exp(LSE)`` (and of their ``exp(LSE) * out``) is exactly A's. Every part is plain causal
+  attention over a stable-sorted token list: the fused op's fastest case, no per-pair mask. With top-2 the
+  subtracted parts are the tokens whose two groups are equal (``~2/K^2`` of a group's cost each); top-1 has none.
+  Merging is stable: positive parts come first and a subtracted part's keys are a subset of what is already held
+  at least twice over, so each subtraction loses at most a factor 2 of relative precision.
+* **A, lowest shared group** (fallback for tokens with more groups): in group g's sub-problem, key j is allowed
+  for query i iff ``j <= i``, both are in g, and they share no group ``< g`` (``(m_i[:g] · m_j[:g]) == 0``): a
+  per-pair mask, so row chunks on the masked path.
+* **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's). A
+  covers every pair sharing a group, B only pairs sharing none: disjoint, whatever A's decomposition.
 
-Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups), B is ``T (w + C)`` pairs
-(query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor exists: group sub-problems are handed whole to
-the fused kernel (which tiles internally) or cut into row chunks with ``[rows, keys]`` masks of bounded size.
+Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups) plus inclusion–exclusion's
+intersections, B is ``T (w + C)`` pairs (query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor
+exists, and no ``[B, Hq, T, D]`` buffer besides the output: parts longer than ``plan.tile_rows(T)`` are cut into
+causal tiles (rows ``r0:r1`` against keys ``r0:r1`` causally plus keys ``0:r0`` in full), and each tile and band
+chunk is merged into the output in place at once (peak extra memory: the output plus a few tile-sized buffers).
 
 Engines for part A: ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``: fused, returns LSE, one
 call per group, so groups are packed with no padding waste — the CPU analogue of varlen), ``varlen`` (flash-attn on
@@ -26,7 +35,8 @@ softcap, which the fused CPU op lacks, and for dtypes/devices without a fused op
 Gradients: the fused op's LSE carries no autograd graph, so the whole computation is one ``autograd.Function``.
 Its backward uses the standard ring-attention identity: given the *merged* output ``O`` and LSE ``L``, each part's
 contribution to ``dS`` is ``P_ij (dP_ij - Δ_i)`` with ``P_ij = exp(s_ij - L_i)`` and ``Δ_i = dO_i · O_i``, so every
-part can be back-propagated independently with the fused backward op (fed ``O`` and ``L``). A gradient flowing into
+part can be back-propagated independently with the fused backward op (fed ``O`` and ``L``); a subtracted part's
+gradients are added with the opposite sign (its ``dS`` negated). A gradient flowing into
 the returned LSE adds ``g_i P_ij`` to ``dS``; for the fused op this is injected by appending a ones-column to ``v``
 (``dP`` gains ``g_i``) and a zero-column to ``O`` (``Δ`` unchanged).
 """
@@ -36,17 +46,23 @@ import torch
 
 from ..backends import flash_attn_varlen
 from ..common import default_scale
-from ..lse import acc, merge_pair
+from ..lse import merge_signed_
 from . import band, same_group
 from .chunk import NEG_INF
+
+# Rows per in-place signed merge of a tile into the accumulator (bounds the gathered copy).
+MERGE_ROWS = 256
 from .plan import Grads, Problem, plan_groups
 
 
 def _forward(p: Problem, plans, varlen_fn=None):
+    """Merge every part into one ``[B, Hq, T, D]`` accumulator, tile by tile and in place: the only buffers that
+    outlive a tile are the output and its LSE."""
     bsz, hq, t, d = p.q.shape
     o_acc = p.zeros(bsz, hq, t, d)
     l_acc = torch.full((bsz, hq, t), NEG_INF, device=p.q.device, dtype=o_acc.dtype)
-    overlap = bool((p.membership.sum(-1) > 1).any())
+    # top-1 (one part per token, all positive): each tile is copied in, no merge
+    overlap = bool((p.membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
 
     results = {}
     if varlen_fn is not None:
@@ -54,25 +70,32 @@ def _forward(p: Problem, plans, varlen_fn=None):
         if plain:
             results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
     for x in plans:
-        o_p, l_p = results[id(x)] if id(x) in results else same_group.forward(p, x)
-        if overlap:
-            o_m, l_m = merge_pair(o_acc[x.b].index_select(1, x.idx), l_acc[x.b].index_select(1, x.idx), o_p[0],
-                                  l_p[0])
-        else:  # top-1: each token's only same-group partial goes straight in
-            o_m, l_m = acc(o_p[0]), acc(l_p[0])
-        o_acc[x.b].index_copy_(1, x.idx, o_m)
-        l_acc[x.b].index_copy_(1, x.idx, l_m)
+        tiles = [(0, len(x.idx), *results.pop(id(x)))] if id(x) in results else same_group.forward_tiles(p, x)
+        for r0, r1, o_p, l_p in tiles:
+            if not overlap:
+                idx = x.idx[r0:r1]
+                o_acc[x.b].index_copy_(1, idx, o_p[0].to(o_acc.dtype))
+                l_acc[x.b].index_copy_(1, idx, l_p[0].to(l_acc.dtype))
+                continue
+            for s0 in range(0, r1 - r0, MERGE_ROWS):  # gathered rows: a fraction of a tile, not a tile
+                s1 = min(r1 - r0, s0 + MERGE_ROWS)
+                idx = x.idx[r0 + s0:r0 + s1]
+                o_m, l_m = merge_signed_(o_acc[x.b].index_select(1, idx), l_acc[x.b].index_select(1, idx),
+                                         o_p[0, :, s0:s1], l_p[0, :, s0:s1], x.sign)
+                o_acc[x.b].index_copy_(1, idx, o_m)
+                l_acc[x.b].index_copy_(1, idx, l_m)
+            del o_p, l_p
     if p.window > 0:
-        o_b, l_b = band.forward(p)
-        o_acc, l_acc = merge_pair(o_acc, l_acc, o_b, l_b)
+        for r0, r1, o_b, l_b in band.forward_chunks(p):
+            merge_signed_(o_acc[:, :, r0:r1], l_acc[:, :, r0:r1], o_b, l_b)
     return o_acc, l_acc
 
 
 class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn):
+    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap)
-        plans = plan_groups(membership, kpm)
+        plans = plan_groups(membership, kpm, decomposition)
         o, lse = _forward(p, plans, varlen_fn)
         out = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
@@ -92,21 +115,24 @@ class _DecomposedFocus(torch.autograd.Function):
             same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
-        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None
+        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                               return_lse=False, varlen_fn="auto"):
+                               return_lse=False, varlen_fn="auto", decomposition="auto"):
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor (inputs assumed validated by the API).
 
     ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
     backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
-    flash-attn installed and fp16/bf16 inputs.
+    flash-attn installed and fp16/bf16 inputs. ``decomposition``: how pairs sharing several groups are counted
+    once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
+    ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
     """
     scale = default_scale(q.shape[-1], scale)
     if varlen_fn == "auto":
         varlen_fn = None
         if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
             varlen_fn = flash_attn_varlen()
-    out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn)
+    out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
+                                      decomposition)
     return (out, lse) if return_lse else out

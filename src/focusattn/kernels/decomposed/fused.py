@@ -1,6 +1,7 @@
 """Wrappers of PyTorch's fused CPU flash-attention op (forward returns the LSE; backward takes a global O and LSE).
 
-``allowed``: bool mask broadcastable to ``[B, 1, M, N]``, or None for causal (top-left aligned).
+``allowed``: bool mask broadcastable to ``[B, 1, M, N]``, or None for causal (top-left aligned) or, with
+``causal=False``, every pair (the rectangle of a causal tile against the keys before it).
 """
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ def _float_mask(allowed, dtype):
     return torch.where(allowed, zero, torch.full((), NEG_INF, dtype=dtype, device=allowed.device))
 
 
-def cpu_flash_fwd(q, k, v, allowed, scale):
+def cpu_flash_fwd(q, k, v, allowed, scale, causal=True):
     """Fused forward; LSE fixed to -inf for empty rows (the op reports 0 there)."""
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     if allowed is None:
-        return op(q, k, v, 0.0, True, scale=scale)
+        return op(q, k, v, 0.0, causal, scale=scale)
     o, lse = op(q, k, v, 0.0, False, attn_mask=_float_mask(allowed, q.dtype), scale=scale)
     return o, mark_empty(lse, allowed.any(-1))
 
 
-def cpu_flash_bwd(do, q, k, v, o, lse, dlse, allowed, scale):
+def cpu_flash_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal=True):
     """Fused backward against the *global* ``o``/``lse``; ``dlse`` is injected through an extra value column."""
     bop = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     d = q.shape[-1]
@@ -40,7 +41,7 @@ def cpu_flash_bwd(do, q, k, v, o, lse, dlse, allowed, scale):
         k = torch.cat([k, torch.zeros_like(k[..., :1])], -1)  # scores unchanged because the scale is explicit
     args = (do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse, 0.0)
     if allowed is None:
-        gq, gk, gv = bop(*args, True, scale=scale)
+        gq, gk, gv = bop(*args, causal, scale=scale)
     else:
         gq, gk, gv = bop(*args, False, attn_mask=_float_mask(allowed, q.dtype), scale=scale)
     return gq[..., :d], gk[..., :d], gv[..., :d]

@@ -1,19 +1,24 @@
-"""Part A, same-group pairs: one causal sub-problem per (batch row, group), attributed to the lowest shared group.
+"""Part A, same-group pairs: one causal sub-problem per part of the plan (:mod:`.plan`): a group, or with top-k > 1
+an intersection of groups entering with a sign (inclusion–exclusion), or in the fallback a group whose pairs are
+attributed to the lowest shared group (masked).
 
-Forward engines return ``(out [1, Hq, n, D], lse [1, Hq, n] float32, -inf for empty rows)``; backward engines add
-float32 gradients into the :class:`.plan.Grads` accumulators in place.
+Forward engines yield tiles ``(r0, r1, out [1, Hq, r1 - r0, D], lse [1, Hq, r1 - r0])`` (LSE float32, ``-inf`` for
+empty rows) so the caller merges each tile into its accumulator at once and no part-sized output outlives its tile.
+An unmasked part is cut into causal tiles of ``plan.tile_rows(T)`` rows: rows ``r0:r1`` attend the keys ``r0:r1``
+causally plus the keys ``0:r0`` in full (two unmasked fused calls, merged), the same pairs as one causal call.
+Backward engines add float32 gradients, times the part's sign, into the :class:`.plan.Grads` accumulators in place.
 """
 from __future__ import annotations
 
 import torch
 
-from ..lse import acc
+from ..lse import acc, merge_pair
 from .chunk import block_attn_bwd, block_attn_fwd
 from .fused import cpu_flash_bwd, cpu_flash_fwd, flash_rows
-from .plan import GroupPlan, Grads, Problem, gather, group_mask, row_chunk
+from .plan import GroupPlan, Grads, Problem, gather, group_mask, row_chunk, tile_rows
 
 
-def forward(p: Problem, plan: GroupPlan):
+def forward_tiles(p: Problem, plan: GroupPlan):
     return _fwd_cpu_flash(p, plan) if p.engine == "cpu-flash" else _fwd_generic(p, plan)
 
 
@@ -25,39 +30,44 @@ def backward(p: Problem, plan: GroupPlan, g: Grads) -> None:
 
 
 def _fwd_cpu_flash(p: Problem, plan: GroupPlan):
-    qg, kg, vg = gather(p.q, plan), gather(p.k, plan), gather(p.v, plan)
-    if not plan.masked:  # causal over the group; every row sees itself, so no empty rows
-        return cpu_flash_fwd(qg, kg, vg, None, p.scale)
     n = len(plan.idx)
-    outs, lses = [], []
+    kg, vg = gather(p.k, plan), gather(p.v, plan)
+    if not plan.masked:  # causal over the part; every row sees itself, so no empty rows
+        step = tile_rows(p.q.shape[2])
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            qt = gather(p.q, plan, r0, r1)
+            o, lse = cpu_flash_fwd(qt, kg[:, :, r0:r1], vg[:, :, r0:r1], None, p.scale)
+            if r0:
+                o2, l2 = cpu_flash_fwd(qt, kg[:, :, :r0], vg[:, :, :r0], None, p.scale, causal=False)
+                o, lse = merge_pair(o, lse, o2, l2)
+                del o2, l2
+            del qt
+            yield r0, r1, o, lse
+        return
     step = flash_rows(n)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        o, lse = cpu_flash_fwd(qg[:, :, r0:r1], kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, 2), torch.cat(lses, 2)
+        o, lse = cpu_flash_fwd(gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale)
+        yield r0, r1, o, lse
 
 
 def _fwd_generic(p: Problem, plan: GroupPlan):
     hq, hkv, d = p.q.shape[1], p.k.shape[1], p.q.shape[-1]
-    qg = gather(p.q, plan).view(1, hkv, hq // hkv, -1, d)
     kg, vg = gather(p.k, plan), gather(p.v, plan)
     n = len(plan.idx)
-    outs, lses = [], []
     step = row_chunk(n, hq)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        o, lse = block_attn_fwd(qg[..., r0:r1, :], kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap)
-        outs.append(o.reshape(1, hq, r1 - r0, d))
-        lses.append(lse.reshape(1, hq, r1 - r0))
-    return torch.cat(outs, 2), torch.cat(lses, 2)
+        qt = gather(p.q, plan, r0, r1).view(1, hkv, hq // hkv, r1 - r0, d)
+        o, lse = block_attn_fwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap)
+        yield r0, r1, o.reshape(1, hq, r1 - r0, d), lse.reshape(1, hq, r1 - r0)
 
 
 def forward_varlen(p: Problem, plans: list[GroupPlan], fn):
-    """All (unmasked) group sub-problems in one packed flash-attn varlen call; returns a list aligned with plans."""
+    """All (unmasked) sub-problems in one packed flash-attn varlen call; returns a list aligned with plans."""
     q, k, v = p.q, p.k, p.v
     qs = torch.cat([q[x.b].index_select(1, x.idx).transpose(0, 1) for x in plans])  # [total, Hq, D]
     ks = torch.cat([k[x.b].index_select(1, x.idx).transpose(0, 1) for x in plans])
@@ -78,51 +88,75 @@ def forward_varlen(p: Problem, plans: list[GroupPlan], fn):
     return results
 
 
+def _rows(g: Grads, plan: GroupPlan, r0: int, r1: int):
+    """The backward's per-row inputs for rows ``r0:r1`` of the part: ``dO``, merged ``O``, ``L`` and ``dL``."""
+    idx, b = plan.idx[r0:r1], plan.b
+    do = g.do[b].index_select(1, idx).unsqueeze(0)
+    o = g.o[b].index_select(1, idx).unsqueeze(0)
+    lse = g.lse[b].index_select(1, idx).unsqueeze(0)
+    dlse = None if g.dlse is None else g.dlse[b].index_select(1, idx).unsqueeze(0)
+    return do, o, lse, dlse
+
+
+def _add(acc_t: torch.Tensor, plan: GroupPlan, r0: int, r1: int, x: torch.Tensor) -> None:
+    """``acc_t[b][:, idx[r0:r1]] += sign * x`` (``x`` ``[1 or G..., H, r1 - r0, D]`` flattened to ``[H, n, D]``)."""
+    acc_t[plan.b].index_add_(1, plan.idx[r0:r1], acc(x).reshape(acc_t.shape[1], r1 - r0, -1), alpha=plan.sign)
+
+
 def _bwd_cpu_flash(p: Problem, plan: GroupPlan, g: Grads) -> None:
-    qg, kg, vg = gather(p.q, plan), gather(p.k, plan), gather(p.v, plan)
-    dog, og = gather(g.do, plan), gather(g.o, plan)
-    lg = g.lse[plan.b].index_select(1, plan.idx).unsqueeze(0)
-    dlg = None if g.dlse is None else g.dlse[plan.b].index_select(1, plan.idx).unsqueeze(0)
+    n = len(plan.idx)
+    kg, vg = gather(p.k, plan), gather(p.v, plan)
     if not plan.masked:
-        gq, gk, gv = cpu_flash_bwd(dog, qg, kg, vg, og, lg, dlg, None, p.scale)
-    else:
-        n = len(plan.idx)
-        gq, gk, gv = p.zeros(qg.shape), p.zeros(kg.shape), p.zeros(vg.shape)
-        step = flash_rows(n)
+        step = tile_rows(p.q.shape[2])
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            rs = slice(r0, r1)
-            allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-            a, b_, c = cpu_flash_bwd(dog[:, :, rs], qg[:, :, rs], kg[:, :, :r1], vg[:, :, :r1], og[:, :, rs],
-                                     lg[:, :, rs], None if dlg is None else dlg[:, :, rs], allowed, p.scale)
-            gq[:, :, rs] += a
-            gk[:, :, :r1] += b_
-            gv[:, :, :r1] += c
-    g.dq[plan.b].index_add_(1, plan.idx, acc(gq[0]))
-    g.dk[plan.b].index_add_(1, plan.idx, acc(gk[0]))
-    g.dv[plan.b].index_add_(1, plan.idx, acc(gv[0]))
+            qt = gather(p.q, plan, r0, r1)
+            do, o, lse, dlse = _rows(g, plan, r0, r1)
+            gq, gk, gv = cpu_flash_bwd(do, qt, kg[:, :, r0:r1], vg[:, :, r0:r1], o, lse, dlse, None, p.scale)
+            _add(g.dk, plan, r0, r1, gk)
+            _add(g.dv, plan, r0, r1, gv)
+            if r0:
+                gq2, gk, gv = cpu_flash_bwd(do, qt, kg[:, :, :r0], vg[:, :, :r0], o, lse, dlse, None, p.scale,
+                                            causal=False)
+                gq = gq + gq2
+                del gq2
+                _add(g.dk, plan, 0, r0, gk)
+                _add(g.dv, plan, 0, r0, gv)
+            _add(g.dq, plan, r0, r1, gq)
+        return
+    gk_p, gv_p = p.zeros(kg.shape), p.zeros(vg.shape)
+    step = flash_rows(n)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
+        do, o, lse, dlse = _rows(g, plan, r0, r1)
+        gq, gk, gv = cpu_flash_bwd(do, gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], o, lse, dlse,
+                                   allowed, p.scale)
+        _add(g.dq, plan, r0, r1, gq)
+        gk_p[:, :, :r1] += gk
+        gv_p[:, :, :r1] += gv
+    _add(g.dk, plan, 0, n, gk_p)
+    _add(g.dv, plan, 0, n, gv_p)
 
 
 def _bwd_generic(p: Problem, plan: GroupPlan, g: Grads) -> None:
     hq, hkv, d = p.q.shape[1], p.k.shape[1], p.q.shape[-1]
     gs = hq // hkv
-    qg = gather(p.q, plan).view(1, hkv, gs, -1, d)
-    dog, og = gather(g.do, plan).view(1, hkv, gs, -1, d), gather(g.o, plan).view(1, hkv, gs, -1, d)
-    lg = g.lse[plan.b].index_select(1, plan.idx).view(1, hkv, gs, -1)
-    dlg = None if g.dlse is None else g.dlse[plan.b].index_select(1, plan.idx).view(1, hkv, gs, -1)
     kg, vg = gather(p.k, plan), gather(p.v, plan)
     n = len(plan.idx)
-    gq, gk, gv = p.zeros(1, hkv, gs, n, d), p.zeros(1, hkv, n, d), p.zeros(1, hkv, n, d)
+    gk_p, gv_p = p.zeros(1, hkv, n, d), p.zeros(1, hkv, n, d)
     step = row_chunk(n, hq)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
+        m = r1 - r0
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        rs = slice(r0, r1)
-        a, b_, c = block_attn_bwd(qg[..., rs, :], kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap,
-                                  dog[..., rs, :], og[..., rs, :], lg[..., rs], None if dlg is None else dlg[..., rs])
-        gq[..., rs, :] += a
-        gk[:, :, :r1] += b_
-        gv[:, :, :r1] += c
-    g.dq[plan.b].index_add_(1, plan.idx, gq.view(hq, n, d))
-    g.dk[plan.b].index_add_(1, plan.idx, gk[0])
-    g.dv[plan.b].index_add_(1, plan.idx, gv[0])
+        do, o, lse, dlse = _rows(g, plan, r0, r1)
+        qt = gather(p.q, plan, r0, r1).view(1, hkv, gs, m, d)
+        gq, gk, gv = block_attn_bwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap,
+                                    do.view(1, hkv, gs, m, d), o.view(1, hkv, gs, m, d), lse.view(1, hkv, gs, m),
+                                    None if dlse is None else dlse.view(1, hkv, gs, m))
+        _add(g.dq, plan, r0, r1, gq)
+        gk_p[:, :, :r1] += gk
+        gv_p[:, :, :r1] += gv
+    _add(g.dk, plan, 0, n, gk_p)
+    _add(g.dv, plan, 0, n, gv_p)

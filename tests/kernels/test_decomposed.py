@@ -1,0 +1,141 @@
+"""The decomposed prefill kernel's parts: inclusion–exclusion for top-k > 1, causal tiles, the signed merge."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from focusattn.kernels.decomposed import decomposed_focus_attention
+from focusattn.kernels.decomposed import driver as driver_mod
+from focusattn.kernels.decomposed import plan as plan_mod
+from focusattn.kernels.lse import merge_signed_
+from focusattn.kernels.reference import dense_focus_attention, masked_attention
+from tests.conftest import random_membership
+
+
+def _memberships(draw, gen, b, t):
+    """Exact top-k routing, or variable set sizes (1..max_set groups per token, as a thresholded router gives)."""
+    kk = draw(st.integers(1, 6))
+    if draw(st.booleans()):
+        return random_membership(b, t, kk, draw(st.integers(1, min(3, kk))), gen=gen)
+    max_set = draw(st.integers(1, min(4, kk)))
+    sizes = torch.randint(1, max_set + 1, (b, t, 1), generator=gen)
+    rank = torch.rand(b, t, kk, generator=gen).argsort(-1).argsort(-1)
+    return rank < sizes
+
+
+@st.composite
+def problems(draw):
+    b, hkv = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    hq = hkv * draw(st.integers(1, 3))
+    t = draw(st.integers(1, 48))
+    d = draw(st.sampled_from([4, 8]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    q, k, v = torch.randn(b, hq, t, d, generator=gen), *(torch.randn(b, hkv, t, d, generator=gen) for _ in "kv")
+    memb = _memberships(draw, gen, b, t)
+    window = draw(st.sampled_from([0, 1, 5, t + 3]))
+    kpm = None
+    pad = draw(st.sampled_from(["none", "left", "holes"]))
+    if pad != "none":
+        kpm = torch.ones(b, t, dtype=torch.bool)
+        kpm[:, : draw(st.integers(0, t))] = False
+        if pad == "holes":
+            kpm &= torch.rand(b, t, generator=gen) > 0.25
+    return q, k, v, memb, window, kpm
+
+
+def _grads(fn, q, k, v, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    go, gl = torch.randn(q.shape, generator=gen), torch.randn(q.shape[:3], generator=gen)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = fn(*leaves)
+    loss = (out * go).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * gl).sum()
+    return (out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("decomposition", ["ie", "lowest", "auto"])
+@settings(max_examples=30, deadline=None)
+@given(prob=problems())
+def test_matches_dense_outputs_lse_and_gradients(decomposition, prob):
+    q, k, v, memb, window, kpm = prob
+    ref = _grads(lambda a, b, c: dense_focus_attention(a, b, c, memb, window, key_padding_mask=kpm,
+                                                       return_lse=True), q, k, v)
+    got = _grads(lambda a, b, c: decomposed_focus_attention(a, b, c, memb, window, key_padding_mask=kpm,
+                                                            return_lse=True, decomposition=decomposition), q, k, v)
+    assert torch.equal(torch.isneginf(got[1]), torch.isneginf(ref[1]))
+    fin = torch.isfinite(ref[1])
+    assert (got[0] - ref[0]).abs().max() <= 1e-5
+    assert fin.sum() == 0 or (got[1][fin] - ref[1][fin]).abs().max() <= 1e-5
+    for name, r, g in zip("qkv", ref[2:], got[2:]):
+        assert (r - g).abs().max() <= 1e-5 * max(1.0, float(r.abs().max())), name
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_ie_parts_are_unmasked_and_count_each_pair_once(top_k):
+    """Without padding every inclusion–exclusion part is plain causal attention (the fused fast path), and the
+    signed multiplicities add up to exactly one per pair sharing a group, zero otherwise."""
+    t, kk = 60, 5
+    memb = random_membership(1, t, kk, top_k, seed=top_k)
+    plans = plan_mod.plan_groups(memb, None, "ie")
+    assert not any(x.masked for x in plans)
+    assert len(plans) > (kk if top_k > 1 else 0) and all(x.sign == 1 for x in plans[:kk])
+    count = torch.zeros(t, t, dtype=torch.long)
+    for x in plans:
+        count[x.idx[:, None], x.idx[None, :]] += x.sign
+    shared = (memb[0].float() @ memb[0].float().t()) > 0
+    assert torch.equal(count, shared.long())
+
+
+def test_auto_falls_back_to_lowest_group_for_large_sets():
+    memb = torch.zeros(1, 10, 6, dtype=torch.bool)
+    memb[0, :, :plan_mod.IE_MAX_SET + 1] = True
+    assert all(x.g is not None for x in plan_mod.plan_groups(memb, None, "auto"))
+    assert all(x.g is None for x in plan_mod.plan_groups(memb[..., :plan_mod.IE_MAX_SET], None, "auto"))
+    with pytest.raises(ValueError, match="mode"):
+        plan_mod.plan_groups(memb, None, "fast")
+
+
+def test_left_padding_stays_unmasked():
+    """Leading padded tokens of a part see only padded keys there: they are dropped, not masked."""
+    memb = random_membership(1, 40, 3, 2, seed=4)
+    kpm = torch.ones(1, 40, dtype=torch.bool)
+    kpm[0, :11] = False
+    plans = plan_mod.plan_groups(memb, kpm, "ie")
+    assert plans and not any(x.masked for x in plans) and all(bool(kpm[0, x.idx].all()) for x in plans)
+
+
+def test_causal_tiles_match_dense(monkeypatch):
+    """Tiny tiles and merge slices: every part is cut into rectangle + causal-square pairs, forward and backward,
+    and merged into the output a few rows at a time."""
+    monkeypatch.setattr(driver_mod, "MERGE_ROWS", 3)
+    monkeypatch.setattr(plan_mod, "MIN_TILE", 5)
+    monkeypatch.setattr(plan_mod, "TILE_FRACTION", 1000)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(2, 4, 70, 8, generator=gen), *(torch.randn(2, 2, 70, 8, generator=gen) for _ in "kv")
+    for top_k in (1, 2, 3):
+        memb = random_membership(2, 70, 4, top_k, gen=gen)
+        ref = _grads(lambda a, b, c: dense_focus_attention(a, b, c, memb, 3, return_lse=True), q, k, v)
+        got = _grads(lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 3, return_lse=True), q, k, v)
+        for r, g in zip(ref, got):
+            assert (r - g).abs().max() <= 1e-5
+
+
+def test_signed_merge_recovers_union_from_overlapping_parts():
+    """Parts {A ∪ C}, {B ∪ C} minus {C} = A ∪ B ∪ C, with all three parts' scores far apart in scale."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 1, 3, 4, generator=gen), torch.randn(1, 1, 9, 4, generator=gen) * 3, \
+        torch.randn(1, 1, 9, 4, generator=gen)
+    sets = {"ac": [0, 1, 2, 6, 7, 8], "bc": [3, 4, 5, 6, 7, 8], "c": [6, 7, 8]}
+    parts = {}
+    for name, keys in sets.items():
+        mask = torch.zeros(3, 9, dtype=torch.bool)
+        mask[:, keys] = True
+        parts[name] = masked_attention(q, k, v, mask, return_lse=True)
+    o, lse = parts["ac"][0].clone(), parts["ac"][1].clone()
+    merge_signed_(o, lse, *parts["bc"], 1)
+    merge_signed_(o, lse, *parts["c"], -1)
+    ref_o, ref_l = masked_attention(q, k, v, torch.ones(3, 9, dtype=torch.bool), return_lse=True)
+    assert (o - ref_o).abs().max() <= 1e-5 and (lse - ref_l).abs().max() <= 1e-5
+    # a part that cancels the accumulator exactly leaves an empty row, not NaN
+    o2, l2 = parts["c"][0].clone(), parts["c"][1].clone()
+    merge_signed_(o2, l2, *parts["c"], -1)
+    assert torch.isneginf(l2).all() and torch.equal(o2, torch.zeros_like(o2))
