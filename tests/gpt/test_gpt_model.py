@@ -76,3 +76,25 @@ def test_byte_tokenizer_roundtrip():
     text = "To be, or not to be — that is the question"
     ids = encode(text)
     assert ids.max() < BOS and decode(ids) == text
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_first_query_is_a_constant_and_empty_when_tau_at_least_one(impl):
+    """The first-query question (issue 13): row 0 sees only BOS, so what it computes is the same for every input;
+    with tau >= 1 Elastic-Softmax empties it (p = 1 <= tau / 1) in both kernel paths. An empty row 0 therefore
+    changes a constant of the model, never what it can tell apart."""
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(attention="lazy", n_layer=2, n_head=2, d_model=16, block_size=8, lazy_impl=impl)).eval()
+    x = torch.randint(0, 256, (3, 8))
+    x[:, 0] = BOS
+    with torch.no_grad():
+        logits, _ = m(x)
+        for blk in m.blocks:
+            blk.attn.tau_raw.fill_(5.0)  # tau = softplus(5) > 1
+        h = m.tok_emb(x)
+        for blk in m.blocks:
+            out = blk.attn(blk.ln1(h))
+            assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))  # o_proj has no bias: exactly zero
+            assert out[:, 1:].abs().sum() > 0
+            h = blk(h)
+    assert torch.allclose(logits[0, 0], logits[1, 0]) and torch.allclose(logits[0, 0], logits[2, 0])

@@ -85,3 +85,22 @@ def test_compare_writes_json_table_and_plots(tmp_path, monkeypatch, data):
     mtime = (out / "standard" / "seed0" / "result.json").stat().st_mtime_ns
     assert _cli(argv, monkeypatch, data) == 0
     assert (out / "standard" / "seed0" / "result.json").stat().st_mtime_ns == mtime
+
+
+def test_compare_on_a_task_reports_accuracy_and_reach(tmp_path, monkeypatch, data):
+    """--data mqar: accuracy beside loss (answers only), the distance argument recorded, sink share per layer."""
+    out = tmp_path / "mqar"
+    argv = ["compare", "--attention", "standard,lazy", "--seeds", "2", "--preset", "tiny", "--steps", "2",
+            "--data", "mqar", "--out", str(out), "--no-progress"]
+    assert _cli(argv, monkeypatch, data) == 0
+    cj = json.loads((out / "compare.json").read_text())
+    assert cj["task"] == {"min_distance": {"1x": 17, "2x": 49, "4x": 113}, "sliding_reach": 14, "sliding_blind": True}
+    for name in ("standard", "lazy"):
+        s = cj["summary"][name]
+        assert 0 <= s["val_acc"]["mean"] <= 1 and s["val_acc"]["n"] == 2 and "val_acc_4x" in s
+        assert len(cj["per_layer"][name]["sink_share"]) == 2 and "empty_rows" in cj["per_layer"][name]
+    assert cj["summary"]["standard"]["empty_rows"]["mean"] == 0.0
+    res = json.loads((out / "lazy" / "seed0" / "result.json").read_text())
+    assert set(res["val_acc_by_length"]) == {"1x", "2x", "4x"}
+    md = render_markdown(cj)
+    assert "`mqar` task" in md and "val acc" in md and "at chance by construction" in md and "sink share" in md

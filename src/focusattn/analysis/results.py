@@ -105,6 +105,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
         ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
          lab_markdown, {}, ["lab.long.loss.png", "lab.long.attention.png"]),
+        ("lab.mqar.json", "### Lab task: multi-query associative recall (`--data mqar`, preset `mqar`)", lab_markdown, {},
+         ["lab.mqar.loss.png"]),
+        ("lab.passkey.json", "### Lab task: passkey retrieval in real text (`--data passkey`, preset `passkey`)",
+         lab_markdown, {}, ["lab.passkey.loss.png"]),
     ]
     for fname, title, render, kwargs, plots in sections:
         p = d / fname

@@ -35,20 +35,32 @@ def static_masks(t: int, window: int, groups: int, sink: int, seed: int = 0) -> 
 
 
 @torch.no_grad()
-def sink_mass(model, windows: np.ndarray, min_distance: int) -> list[float]:
-    """Mean attention weight on the window's first token, per layer (averaged over heads and over queries at least
-    ``min_distance`` tokens after it: the ones a Focus window cannot reach)."""
+def sink_report(model, windows: np.ndarray, min_distance: int) -> dict:
+    """Attention on the window's first token over queries at least ``min_distance`` tokens after it (the ones a Focus
+    window cannot reach), per layer and head, averaged over windows: ``mass`` (the absolute weight) and ``share``
+    (its share of the row's total weight, ``lazy.metrics.sink_share``: equal to ``mass`` for softmax rows, the
+    like-for-like number when rows keep less than 1)."""
+    from ..lazy.metrics import sink_share
+
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the only implementation that returns weights
     try:
-        totals = None
+        mass = share = None
         for w in windows:
             out = model(torch.as_tensor(np.asarray(w))[None].long(), output_attentions=True)
-            per_layer = [a[0, :, min_distance:, 0].mean().item() for a in out.attentions]
-            totals = per_layer if totals is None else [x + y for x, y in zip(totals, per_layer)]
+            m = torch.stack([a[0, :, min_distance:, 0].double().mean(-1) for a in out.attentions])  # [L, H]
+            s = torch.stack([sink_share(a.float(), min_distance) for a in out.attentions])
+            mass, share = (m, s) if mass is None else (mass + m, share + s)
     finally:
         model.set_attn_implementation(impl)
-    return [x / len(windows) for x in totals]
+    mass, share = mass / len(windows), share / len(windows)
+    return {"mass_per_head": mass.tolist(), "share_per_head": share.tolist(),
+            "mass_per_layer": mass.mean(-1).tolist(), "share_per_layer": share.mean(-1).tolist()}
+
+
+def sink_mass(model, windows: np.ndarray, min_distance: int) -> list[float]:
+    """Mean attention weight on the window's first token, per layer (see :func:`sink_report`)."""
+    return sink_report(model, windows, min_distance)["mass_per_layer"]
 
 
 @torch.no_grad()
@@ -74,9 +86,12 @@ def run_sink_probe(model_spec: str, data: str, out: str, *, seq_len: int = 512, 
     t0 = time.time()
     masks = static_masks(seq_len, window, groups, sink)
     ppl = {name: masked_perplexity(model, w, m) for name, m in tqdm(masks.items(), desc="masks", unit="mask")}
-    mass = sink_mass(model, w, window + 1)
+    rep = sink_report(model, w, window + 1)
+    mass = rep["mass_per_layer"]
     res = {"command": command, "model": model_spec, "data": data, "seq_len": seq_len, "windows": windows,
            "window": window, "groups": groups, "sink": sink, "perplexity": ppl, "sink_mass_per_layer": mass,
+           "sink_mass_per_head": rep["mass_per_head"], "sink_share_per_layer": rep["share_per_layer"],
+           "sink_share_per_head": rep["share_per_head"],
            "uniform_weight": float(np.mean([1 / (i + 1) for i in range(window + 1, seq_len)])),
            "seconds": time.time() - t0}
     write_json(f"{out}/sink_probe.json", res)
@@ -109,5 +124,12 @@ def render_markdown(res: dict) -> str:
     mass = res["sink_mass_per_layer"]
     lines += ["", f"Mean attention weight on the first token, for queries more than {res['window']} tokens after it: "
               f"{np.mean(mass):.3f} averaged over layers (max {max(mass):.3f} in layer {int(np.argmax(mass))}), "
-              f"against {res['uniform_weight']:.4f} for uniform attention.", "", "![sink mass](results/sink_probe.png)"]
+              f"against {res['uniform_weight']:.4f} for uniform attention."]
+    if "sink_share_per_head" in res:
+        u = res["uniform_weight"]
+        heads = res["sink_share_per_head"]
+        lines += ["", "Like for like (share of each row's total weight on the first token; softmax rows sum to 1, so it "
+                  "equals the weight here), as multiples of uniform: per layer mean / largest head: "
+                  + "; ".join(f"L{i} {sum(h) / len(h) / u:.1f}x / {max(h) / u:.1f}x" for i, h in enumerate(heads))]
+    lines += ["", "![sink mass](results/sink_probe.png)"]
     return "\n".join(lines)

@@ -28,7 +28,8 @@ def _model_overrides(args) -> dict:
 
 
 def _add_common(p):
-    p.add_argument("--data", default="shakespeare", help="corpus name (see focusattn.data.corpora)")
+    p.add_argument("--data", default="shakespeare", help="corpus name (see focusattn.data.corpora), or a task: mqar, passkey "
+                   "(settings as mqar:pairs=8,keys=64,values=64 / passkey:digits=5,min_gap=32; see gpt/tasks.py)")
     p.add_argument("--preset", default="lab", choices=sorted(PRESETS), help="model/training preset")
     p.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (preset default otherwise)")
@@ -52,7 +53,9 @@ def _train_handler(args) -> int:
         return 0
     att = res["attention"]["mean"]
     by_len = res["val_loss_by_length"]
+    acc = res["val_acc_by_length"]
     print(f"{args.attention}: val loss {by_len['1x']:.4f} (2x {by_len['2x']:.4f}, 4x {by_len['4x']:.4f}); "
+          f"val acc {acc['1x']:.2%} (2x {acc['2x']:.2%}, 4x {acc['4x']:.2%}); "
           f"sink mass {att['sink_mass']:.4f}, sparsity {att['sparsity']:.2%}, surviving mass {att['surviving_mass']:.3f}"
           f" -> {args.out}/result.json")
     return 0

@@ -14,10 +14,12 @@ from pathlib import Path
 from .. import _io
 from .._errors import InputError
 from .config import DEFAULT_ROPE_BASE, TrainConfig, check_attention, get_preset
-from .data import LMData
+from .data import load_data
 from .train import load_result, read_metrics, train_lm
 
 SUMMARY_KEYS = ("val_loss", "val_loss_2x", "val_loss_4x", "sink_mass", "sparsity", "surviving_mass", "train_time_s")
+ACC_KEYS = ("val_acc", "val_acc_2x", "val_acc_4x")  # absent from runs made before accuracy was recorded
+SHARE_KEYS = ("sink_share", "empty_rows")  # absent from runs made before the like-for-like sink metric
 
 
 def _run_summary(res: dict, curve: list[dict]) -> dict:
@@ -28,8 +30,11 @@ def _run_summary(res: dict, curve: list[dict]) -> dict:
         "val_loss": by_len["1x"], "val_loss_2x": by_len["2x"], "val_loss_4x": by_len["4x"],
         "sink_mass": att["mean"]["sink_mass"], "sparsity": att["mean"]["sparsity"],
         "surviving_mass": att["mean"]["surviving_mass"], "train_time_s": res["train_time_s"],
+        **{k: att["mean"][k] for k in SHARE_KEYS if k in att["mean"]},
         "per_layer": att["per_layer"], "per_head": att["per_head"], "tau": res["tau"],
-        "curve": [{k: r[k] for k in ("step", "loss", "val_loss") if k in r} for r in curve],
+        "curve": [{k: r[k] for k in ("step", "loss", "val_loss", "val_acc") if k in r} for r in curve],
+        **({f"val_acc{sfx}": res["val_acc_by_length"][m] for sfx, m in (("", "1x"), ("_2x", "2x"), ("_4x", "4x"))}
+           if "val_acc_by_length" in res else {}),
     }
 
 
@@ -40,10 +45,11 @@ def _mean_std(xs: list[float]) -> dict:
 def aggregate(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
     summary, per_layer = {}, {}
     for name, rs in runs.items():
-        summary[name] = {k: _mean_std([r[k] for r in rs]) for k in SUMMARY_KEYS}
+        summary[name] = {k: _mean_std([r[k] for r in rs]) for k in SUMMARY_KEYS + ACC_KEYS + SHARE_KEYS
+                         if k in rs[0]}
         summary[name]["parameters"] = rs[0]["parameters"]
         per_layer[name] = {m: [statistics.fmean(vals) for vals in zip(*(r["per_layer"][m] for r in rs))]
-                           for m in ("sink_mass", "sparsity", "surviving_mass")}
+                           for m in ("sink_mass", "sparsity", "surviving_mass") + SHARE_KEYS if m in rs[0]["per_layer"]}
     return summary, per_layer
 
 
@@ -55,7 +61,7 @@ def run_compare(attentions: list[str], seeds: int, preset: str, out_dir: str | P
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     out = Path(out_dir)
-    lm_data = LMData.load(data)
+    lm_data = load_data(data)
     runs: dict[str, list[dict]] = {}
     tcfg: TrainConfig | None = None
     for a in attentions:
@@ -79,12 +85,23 @@ def run_compare(attentions: list[str], seeds: int, preset: str, out_dir: str | P
         "equal_compute": {"steps": tcfg.steps, "batch_size": tcfg.batch_size, "block_size": base.block_size,
                           "tokens_per_run": tcfg.steps * tcfg.batch_size * base.block_size},
         "uniform_sink_mass": _uniform(base.block_size),
+        **({"task": task_reach(lm_data, base)} if hasattr(lm_data, "min_distance") else {}),
         "summary": summary, "per_layer": per_layer, "runs": runs,
     }
     _io.write_json(out / "compare.json", result)
     _io.write_text(out / "compare.md", render_markdown(result))
     plot_compare(result, out)
     return result
+
+
+def task_reach(task, cfg) -> dict:
+    """What makes a task out of the sliding window's reach: the shortest distance from a query to what it must
+    recall, against the farthest a stack of ``n_layer`` windows of ``window`` keys can carry anything
+    (``n_layer * (window - 1)``). When ``needed > reach`` the sliding model sees nothing that depends on the answer,
+    so it is at chance by construction."""
+    needed = {f"{m}x": task.min_distance(m * cfg.block_size) for m in (1, 2, 4)}
+    reach = cfg.n_layer * (cfg.window - 1)
+    return {"min_distance": needed, "sliding_reach": reach, "sliding_blind": needed["1x"] > reach}
 
 
 def _uniform(t: int) -> float:
@@ -107,22 +124,36 @@ def render_markdown(cj: dict | str | Path) -> str:
     if not isinstance(cj, dict):
         cj = json.loads(Path(cj).read_text())
     ec, m = cj["equal_compute"], cj["model"]
+    task = cj.get("task")
+    has_acc = all("val_acc" in s for s in cj["summary"].values())
+    title = f"## Attention lab: `{cj['data']}` task at equal compute" if task else \
+        "## Attention lab: from-scratch byte-level LMs at equal compute"
+    unit = ("loss in nats per answer token, accuracy = share of answer tokens predicted (top-1), "
+            "on held-out sequences") if task else "loss in nats/byte" + (", accuracy = next-byte top-1" if has_acc else "")
     lines = [
-        "## Attention lab: from-scratch byte-level LMs at equal compute", "",
+        title, "",
         f"Command: `{cj['command']}`" if cj.get("command") else "", "",
         f"Preset `{cj['preset']}` on `{cj['data']}`: {m['n_layer']} layers, d_model {m['d_model']}, {m['n_head']} heads, "
         f"context {ec['block_size']}, {ec['steps']} steps x {ec['batch_size']} windows "
         f"({ec['tokens_per_run']:,} tokens per run), seeds {cj['seeds']}; Elastic-Softmax tau_mode `{m['tau_mode']}`, "
         f"RoPE base {m['rope_base'] or _default_bases(cj['attentions'])}; "
-        f"train s is wall-clock on a shared CPU. Mean ± std over seeds. Validation loss in "
-        f"nats/byte at 1x, 2x and 4x the training length. Sink mass = mean weight on the first (BOS) token over rows "
+        f"train s is wall-clock on a shared CPU. Mean ± std over seeds. Validation {unit}, "
+        f"at 1x, 2x and 4x the training length. Sink mass = mean weight on the first (BOS) token over rows "
         f"i >= 1; uniform attention would give {cj['uniform_sink_mass']:.4f}. Sparsity = share of causal weights "
         f"exactly 0. Surviving mass = mean row sum of the weights.", "",
-        "| attention | val loss | val loss 2x | val loss 4x | sink mass | sparsity | surviving mass | train s |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    if task:
+        d = task["min_distance"]
+        lines[-1:-1] = [f"Every answer lies at least {d['1x']} tokens (2x: {d['2x']}, 4x: {d['4x']}) before the "
+                        f"query that needs it; {m['n_layer']} stacked windows of {m['window']} keys reach "
+                        f"{task['sliding_reach']} tokens, so `sliding` is at chance by construction"
+                        f"{'' if task['sliding_blind'] else ' (NOT the case here: the window reaches)'}.", ""]
+    acc_head = "val acc | val acc 2x | val acc 4x | " if has_acc else ""
+    lines += ["| attention | " + acc_head + "val loss | val loss 2x | val loss 4x | sink mass | sparsity | "
+              "surviving mass | train s |", "|---|" + "---|" * (10 if has_acc else 7)]
     for name, s in cj["summary"].items():
-        lines.append(f"| {name} | {_fmt(s['val_loss'])} | {_fmt(s['val_loss_2x'])} | {_fmt(s['val_loss_4x'])} | "
+        acc = "".join(f"{_fmt(s[k], 1, pct=True)} | " for k in ACC_KEYS) if has_acc else ""
+        lines.append(f"| {name} | {acc}{_fmt(s['val_loss'])} | {_fmt(s['val_loss_2x'])} | {_fmt(s['val_loss_4x'])} | "
                      f"{_fmt(s['sink_mass'])} | {_fmt(s['sparsity'], 1, pct=True)} | {_fmt(s['surviving_mass'])} | "
                      f"{s['train_time_s']['mean']:.0f} |")
     n_layer = len(next(iter(cj["per_layer"].values()))["sink_mass"])
@@ -132,6 +163,19 @@ def render_markdown(cj: dict | str | Path) -> str:
     for name, pl in cj["per_layer"].items():
         cells = [f"{sm:.3f} / {sp * 100:.1f}%" for sm, sp in zip(pl["sink_mass"], pl["sparsity"])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if all("sink_share" in pl for pl in cj["per_layer"].values()):
+        u = cj["uniform_sink_mass"]
+        lines += ["", f"Per layer (mean over seeds), like for like: sink share (the first token's share of the row's "
+                      f"surviving mass, rows that keep nothing left out) / the largest head's share, both as multiples "
+                      f"of the uniform {u:.4f}, and the share of rows that keep nothing:", "",
+                  "| attention | " + " | ".join(f"layer {i}" for i in range(n_layer)) + " |",
+                  "|---|" + "---|" * n_layer]
+        for name, pl in cj["per_layer"].items():
+            heads = [[statistics.fmean(v) for v in zip(*(r["per_head"]["sink_share"][li] for r in cj["runs"][name]))]
+                     for li in range(n_layer)]
+            cells = [f"{sh / u:.1f}x / {max(hs) / u:.1f}x / {er * 100:.1f}%"
+                     for sh, hs, er in zip(pl["sink_share"], heads, pl["empty_rows"])]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     taus = {n: rs[0]["tau"] for n, rs in cj["runs"].items() if rs[0].get("tau")}
     if taus:
         lines += ["", "Learned tau (seed 0), per layer: min / mean / max over heads:", ""]

@@ -154,6 +154,21 @@ PRESETS: dict[str, Preset] = {
                        TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
                                    checkpoint_every=250),
                        note="preset lab with 2000 steps (~4M tokens)"),
+    # Long-range tasks (gpt/tasks.py), sized for a few minutes a run on a shared CPU.
+    "mqar": Preset(ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=32, window=8, focus_groups=2,
+                               focus_group_dim=8),
+                   TrainConfig(batch_size=64, steps=150, lr=3e-3, warmup=15, log_interval=25, eval_interval=50,
+                               eval_windows=64, checkpoint_every=50),
+                   note="for --data mqar (4 pairs, 16 keys, 16 values, T=32): every answer is >= 17 tokens after its "
+                        "value; 2 stacked sliding windows of 8 keys reach 2 x 7 = 14 tokens, so sliding is at chance "
+                        "(1/16) by construction"),
+    "passkey": Preset(ModelConfig(n_layer=2, n_head=4, d_model=64, block_size=128, window=16, focus_groups=2,
+                                  focus_group_dim=8),
+                      TrainConfig(batch_size=32, steps=300, lr=3e-3, warmup=30, log_interval=25, eval_interval=50,
+                                  eval_windows=64, checkpoint_every=50),
+                      note="for --data passkey (5 digits, min_gap 32, T=128): each answer digit is >= 90 tokens after "
+                           "the needle digit it copies; 2 stacked sliding windows of 16 keys reach 2 x 15 = 30 tokens, "
+                           "so sliding is at chance (1/10) by construction"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,

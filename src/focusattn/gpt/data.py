@@ -46,3 +46,11 @@ class LMData:
             raise ValueError(f"validation split of {self.name!r} has {len(self.val)} tokens, fewer than a window of {t}")
         offsets = torch.linspace(0, len(self.val) - t - 1, n).long()
         return self._windows(self.val, offsets, t)
+
+
+def load_data(spec: str):
+    """A ``--data`` name: a synthetic task (``mqar``, ``passkey``: :mod:`.tasks`) or a text corpus (:class:`LMData`)."""
+    from .tasks import parse_task
+
+    task = parse_task(spec)
+    return task if task is not None else LMData.load(spec)

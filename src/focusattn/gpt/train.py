@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from .. import _io
 from .._errors import InputError
@@ -18,7 +19,8 @@ from ..lazy.metrics import attention_report
 from ..train.checkpoint import load_checkpoint
 from ..train.loop import adamw, train_loop
 from .config import ModelConfig, TrainConfig, model_config_from_dict
-from .data import LMData
+from .data import LMData, load_data
+from .tasks import IGNORE
 from .model import GPT
 
 EXTRAPOLATION = (1, 2, 4)  # evaluation lengths as multiples of block_size
@@ -34,26 +36,39 @@ def _param_groups(model: GPT, weight_decay: float):
 
 
 @torch.no_grad()
-def evaluate(model: GPT, data: LMData, t: int, n: int, batch: int = 8) -> float:
-    """Mean next-token loss (nats) over ``n`` fixed validation windows of length ``t``."""
+def evaluate_metrics(model: GPT, data, t: int, n: int, batch: int = 8) -> dict:
+    """Over ``n`` fixed validation windows of length ``t``: mean next-token loss (nats) and top-1 accuracy, both on
+    the scored targets (every token for text; the answer tokens of a task, whose other targets are ``IGNORE``)."""
     model.eval()
     x, y = data.val_windows(t, n)
-    total = 0.0
+    loss, hits, count = 0.0, 0, 0
     for i in range(0, n, batch):
-        _, loss = model(x[i:i + batch], y[i:i + batch])
-        total += loss.item() * len(x[i:i + batch])
+        logits, _ = model(x[i:i + batch])
+        tgt = y[i:i + batch]
+        scored = tgt != IGNORE
+        loss += F.cross_entropy(logits[scored].float(), tgt[scored], reduction="sum").item()
+        hits += int((logits.argmax(-1)[scored] == tgt[scored]).sum())
+        count += int(scored.sum())
     model.train()
-    return total / n
+    return {"loss": loss / count, "acc": hits / count}
+
+
+def evaluate(model: GPT, data, t: int, n: int, batch: int = 8) -> float:
+    """Mean next-token loss (nats) over ``n`` fixed validation windows of length ``t``."""
+    return evaluate_metrics(model, data, t, n, batch)["loss"]
 
 
 @torch.no_grad()
 def final_report(model: GPT, data: LMData, cfg: ModelConfig, tcfg: TrainConfig) -> dict:
-    val = {f"{m}x": evaluate(model, data, m * cfg.block_size, max(2, tcfg.eval_windows // m)) for m in EXTRAPOLATION}
+    ev = {f"{m}x": evaluate_metrics(model, data, m * cfg.block_size, max(2, tcfg.eval_windows // m))
+          for m in EXTRAPOLATION}
+    val = {k: v["loss"] for k, v in ev.items()}
     model.eval()
     x, _ = data.val_windows(cfg.block_size, METRIC_WINDOWS)
     metrics = attention_report(model.attention_weights(x))
     model.train()
-    return {"val_loss": val["1x"], "val_loss_by_length": val, "attention": metrics, "tau": model.taus()}
+    return {"val_loss": val["1x"], "val_loss_by_length": val, "val_acc": ev["1x"]["acc"],
+            "val_acc_by_length": {k: v["acc"] for k, v in ev.items()}, "attention": metrics, "tau": model.taus()}
 
 
 @torch.no_grad()
@@ -67,7 +82,7 @@ def _attention_snapshot(model: GPT, data: LMData, t: int) -> dict:
             "sparsity": rep["mean"]["sparsity"], "surviving_mass": rep["mean"]["surviving_mass"]}
 
 
-def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data: str | LMData = "shakespeare", seed: int = 0,
+def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: int = 0,
              out_dir: str | Path, resume: bool = False, stop_at: int | None = None, progress: bool = True) -> dict:
     """Train one model; return (and write) ``result.json``'s content, or ``{"stopped_at": step}`` with ``stop_at``.
 
@@ -81,7 +96,7 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data: str | LMData = "shake
     if not resume and (ckpt_path.exists() or (out / "result.json").exists()):
         raise InputError("out", str(out), "already holds a run; resume it or choose another folder")
     torch.set_num_threads(tcfg.threads)
-    data = LMData.load(data) if isinstance(data, str) else data
+    data = load_data(data) if isinstance(data, str) else data
     torch.manual_seed(seed)
     model = GPT(cfg)
     opt = adamw(_param_groups(model, tcfg.weight_decay), tcfg)
@@ -110,7 +125,8 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data: str | LMData = "shake
         log = {"step": done, "loss": rec["loss"], "lr": rec["lr"], "tok_s": rec["tokens_per_s"],
                "elapsed_s": rec["elapsed_s"]}
         if done % tcfg.eval_interval == 0 or done == tcfg.steps:
-            log["val_loss"] = evaluate(model, data, cfg.block_size, tcfg.eval_windows)
+            ev = evaluate_metrics(model, data, cfg.block_size, tcfg.eval_windows)
+            log["val_loss"], log["val_acc"] = ev["loss"], ev["acc"]
             log.update(_attention_snapshot(model, data, cfg.block_size))
         return log
 
@@ -139,4 +155,4 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
 
 
-__all__ = ["evaluate", "final_report", "load_result", "model_config_from_dict", "read_metrics", "train_lm"]
+__all__ = ["evaluate", "evaluate_metrics", "final_report", "load_result", "model_config_from_dict", "read_metrics", "train_lm"]

@@ -81,12 +81,19 @@ def resolve_model_path(spec: str) -> str:
 
 
 def load_model(spec: str, *, dtype: torch.dtype = torch.float32):
-    """Return ``(model, tokenizer)`` in eval mode. ``spec``: an alias (``smollm2-135m``), a hub id or a local folder."""
+    """Return ``(model, tokenizer)`` in eval mode. ``spec``: an alias (``smollm2-135m``), a hub id, a local folder
+    (a saved HF model, the lab's included), or a lab run folder (``train-lm``/``compare`` output)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from . import lab_model  # registers the lab GPT with the Auto classes
+
     hf_logging.disable_progress_bar()  # our own progress bars carry the information
     path = resolve_model_path(spec)
+    if lab_model.is_lab_run(path):  # a lab run folder (train-lm / compare output): converted in memory
+        model = lab_model.LabGPTForCausalLM.from_lab(path)
+        model.config._name_or_path = spec
+        return model, lab_model.LabByteTokenizer()
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

@@ -3,8 +3,9 @@ from ..kernels.elastic import lazy_attention
 from .attention import LazyAttention
 from .bias import DistanceBias
 from .config import LazyConfig
-from .metrics import attention_report, sink_mass, sparsity, surviving_mass, uniform_sink_mass
+from .metrics import (attention_report, empty_rows, sink_mass, sink_share, sparsity, surviving_mass,
+                      uniform_sink_mass)
 from .rope import RotaryEmbedding
 
 __all__ = ["DistanceBias", "LazyAttention", "LazyConfig", "RotaryEmbedding", "attention_report", "lazy_attention",
-           "sink_mass", "sparsity", "surviving_mass", "uniform_sink_mass"]
+           "empty_rows", "sink_mass", "sink_share", "sparsity", "surviving_mass", "uniform_sink_mass"]
