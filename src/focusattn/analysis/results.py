@@ -62,7 +62,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         raise InputError("results", str(d), "no such folder")
     parts = [HEADER]
     long_docs = [_load(p) for p in sorted(d.glob("long_eval*.json"))]
-    bench_docs = [_load(p) for p in sorted(d.glob("model_bench*.json"))]
+    bench_paths = sorted(d.glob("model_bench*.json"))
+    bench_docs = [_load(p) for p in bench_paths]
     parts.append("## End to end: a trained adapter on the real model at long context\n")
     if long_docs:
         plot_pareto(long_docs, bench_docs, d / "pareto.png")
@@ -75,9 +76,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if (d / "rebalance_probe.json").exists():
         parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
             _load(d / "rebalance_probe.json")), ""]
-    for b in bench_docs:
+    for bp, b in zip(bench_paths, bench_docs):  # each JSON's plot sits beside it under the same name
+        png = bp.with_suffix(".png")
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
-                  render_model_markdown(b, plot_link=f"results/{Path(b.get('plot', 'model_bench.png')).name}"), ""]
+                  render_model_markdown(b, plot_link=f"results/{png.name}" if png.exists() else ""), ""]
     runs = {p.stem.removeprefix("retrofit_"): _load(p) for p in sorted(d.glob("retrofit_*.json"))}
     runs = {k: v for k, v in runs.items() if v.get("method", "focus") == "focus"}
     longer = {k: runs.pop(k) for k in [k for k in runs if k.startswith("long")]}  # other budgets: own sections
