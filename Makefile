@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure
+.PHONY: setup demo test test-dist test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Multi-process runs under torchrun: 2 CPU processes over gloo (DDP, FSDP2, SIGKILL + resume); ~3 min on 2 cores.
+test-dist: $(STAMP)
+	$(PY) -m pytest -m dist
 
 # Everything, including slow experiments-as-tests.
 test-all: $(STAMP)
