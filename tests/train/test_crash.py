@@ -37,6 +37,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_dir):
             victim.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
+    if victim.poll() is None:
+        victim.kill()  # the deadline passed: do not leave it running
     assert victim.wait() == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (crash / "result.json").exists()
     committed = json.loads((crash / "checkpoint.json").read_text())["step"]
