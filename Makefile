@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 # Multi-process runs under torchrun: 2 CPU processes over gloo (DDP, FSDP2, SIGKILL + resume); 7 launches, 17 min
-# here on 2 cores shared with ~9 other jobs (load 18), much less on an idle machine.
+# here on 2 cores shared with other jobs (load average 18; not measured on an idle machine).
 test-dist: $(STAMP)
 	$(PY) -m pytest -m dist
 
