@@ -7,8 +7,8 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure e2e-k16 \
-	lora ablation sweeps sweeps-run
+.PHONY: setup demo test test-dist test-all bench bench-kernels bench-lazy experiments lab results clean e2e e2e-measure \
+	e2e-k16 lora ablation sweeps sweeps-run
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Multi-process runs under torchrun: 2 CPU processes over gloo (DDP, FSDP2, SIGKILL + resume); 7 launches, 17 min
+# here on 2 cores shared with other jobs (load average 18; not measured on an idle machine).
+test-dist: $(STAMP)
+	$(PY) -m pytest -m dist
 
 # Everything, including slow experiments-as-tests.
 test-all: $(STAMP)

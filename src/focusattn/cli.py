@@ -11,6 +11,7 @@ from .analysis import cli as analysis_cli
 from .bench import cli as bench_cli
 from .gpt import cli as gpt_cli
 from .train import cli as train_cli
+from .train import dist
 
 # Subcommand modules: each exposes ``register(subparsers)`` and sets ``func`` (args -> exit code) on its parser.
 from .eval import cli as eval_cli
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is kept", file=sys.stderr)
         return 130
+    finally:
+        dist.close()  # leave a torchrun process group cleanly (a no-op in one process)
 
 
 if __name__ == "__main__":

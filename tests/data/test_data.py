@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from focusattn.data.corpora import Document, load_corpus, split_documents, strip_gutenberg
-from focusattn.data.tokens import check_length, eval_windows, random_windows
+from focusattn.data.tokens import check_length, eval_windows
 
 
 def test_strip_gutenberg_removes_licence():
@@ -38,8 +38,6 @@ def test_windows():
     ids = np.arange(1000, dtype=np.int32)
     w = eval_windows(ids, 100, 4)
     assert w.shape == (4, 100) and w[0, 0] == 0 and w[-1, -1] <= 999
-    r = random_windows(ids, 50, 3, np.random.default_rng(0))
-    assert r.shape == (3, 50) and np.all(np.diff(r, axis=1) == 1)
     with pytest.raises(ValueError, match="too short"):
         check_length(ids[:10], 100, "tiny corpus")
 

@@ -50,12 +50,6 @@ def check_length(ids: np.ndarray, seq_len: int, what: str, need: int = 1) -> Non
                          "this length: use a larger corpus or a shorter sequence length")
 
 
-def random_windows(ids: np.ndarray, seq_len: int, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """``batch`` random windows of ``seq_len`` tokens (training)."""
-    starts = rng.integers(0, len(ids) - seq_len, size=batch)
-    return np.stack([np.asarray(ids[s:s + seq_len]) for s in starts])
-
-
 def eval_windows(ids: np.ndarray, seq_len: int, max_windows: int | None) -> np.ndarray:
     """Deterministic non-overlapping windows, spread evenly over the whole split when capped."""
     n = (len(ids) - 1) // seq_len

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from ..kernels.common import topk_membership
@@ -84,6 +85,17 @@ def balance_loss(groups: torch.Tensor, mask: torch.Tensor | None = None) -> torc
     return k * (f * flat.mean(0)).sum()
 
 
+def _mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The batch statistic of the *global* batch under data parallelism (like SyncBatchNorm): every rank's batch is
+    the same size, so the mean of the ranks' means is the global mean and each rank keeps the same offsets as one
+    process with the whole batch. A no-op without a process group."""
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() == 1:
+        return x
+    x = x.clone()
+    tdist.all_reduce(x)
+    return x / tdist.get_world_size()
+
+
 class FocusRouter(nn.Module):
     """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer.
 
@@ -123,7 +135,7 @@ class FocusRouter(nn.Module):
             batch_b = None
             if self.training:
                 with torch.no_grad():
-                    batch_b = sinkhorn_potentials(logits.detach(), cfg.sinkhorn_iters, mask).mean(0)
+                    batch_b = _mean_over_ranks(sinkhorn_potentials(logits.detach(), cfg.sinkhorn_iters, mask).mean(0))
                 if not _in_backward():
                     # Apply the previous batch's statistics now, not during this step: activation checkpointing
                     # re-runs this forward inside backward, and it must see exactly the offsets used here.

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from .._errors import cli_message
 from ..lazy.bench import run_lazy_bench
+from ..train import dist
 from ..lazy.config import TAU_MODES
 from .compare import render_markdown, run_compare
 from .config import ATTENTIONS, PRESETS, get_preset
@@ -42,12 +43,16 @@ def _add_common(p):
 def _train_handler(args) -> int:
     try:
         mcfg, tcfg = get_preset(args.preset, args.attention, **_model_overrides(args))
-        tcfg = replace(tcfg, **{k: v for k, v in (("steps", args.steps), ("threads", args.threads)) if v is not None})
+        over = {"steps": args.steps, "threads": args.threads, "batch_size": args.batch_size,
+                "checkpoint_every": args.checkpoint_every}
+        tcfg = replace(tcfg, **{k: v for k, v in over.items() if v is not None})
         res = train_lm(mcfg, tcfg, data=args.data, seed=args.seed, out_dir=args.out, resume=args.resume,
                        stop_at=args.stop_at, progress=not args.no_progress)
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {cli_message(e)}", file=sys.stderr)
         return 2
+    if not dist.is_main():
+        return 0
     if "stopped_at" in res:
         print(f"stopped after step {res['stopped_at']}; continue with --resume")
         return 0
@@ -96,6 +101,9 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--stop-at", type=int, default=None, help="checkpoint and stop after this step (resume later)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="sequences per step and process (preset's otherwise; the global batch is processes x this)")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="override the preset's checkpoint interval")
     _add_common(p)
     p.set_defaults(func=_train_handler)
 

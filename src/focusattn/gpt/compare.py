@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import _io
 from .._errors import InputError
+from ..train.checkpoint import has_checkpoint
 from .config import DEFAULT_ROPE_BASE, TrainConfig, check_attention, get_preset
 from .data import load_data
 from .train import load_result, read_metrics, train_lm
@@ -72,7 +73,7 @@ def run_compare(attentions: list[str], seeds: int, preset: str, out_dir: str | P
             run_dir = out / a / f"seed{s}"
             res = load_result(run_dir)
             if res is None:
-                resume = (run_dir / "checkpoint.pt").exists()
+                resume = has_checkpoint(run_dir)
                 res = train_lm(mcfg, tcfg, data=lm_data, seed=s, out_dir=run_dir, resume=resume, progress=progress)
             elif res["config"]["model"] != mcfg.to_dict() or res["config"]["train"] != tcfg.to_dict():
                 raise InputError("out", str(out), f"{run_dir} holds a finished run with different settings; use another folder")

@@ -1,7 +1,9 @@
-"""Deterministic LM data from a named corpus: byte tokens, BOS-led windows, batches a pure function of (seed, step).
+"""Deterministic LM data from a named corpus: byte tokens, BOS-led windows, batches a pure function of
+(seed, step, rank, world) drawn in epochs (``data.sampler.EpochWindows``).
 
-Because a batch depends only on ``(seed, step)``, a resumed run sees exactly the batches an uninterrupted run would,
-without saving any sampler state.
+Because a batch depends only on those, a resumed run sees exactly the batches an uninterrupted run would, without
+saving any sampler state, and ``world`` processes of ``batch_size`` see the samples one process of
+``world * batch_size`` would.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..data.corpora import load_corpus
+from ..data.sampler import EpochWindows
+from ..train.dist import sample_range
 from .tokenizer import BOS, encode
 
 DOC_SEP = "\n\n"
@@ -33,12 +37,16 @@ class LMData:
         x = torch.cat([torch.full((len(offsets), 1), BOS, dtype=torch.long), y[:, :-1]], dim=1)
         return x, y
 
-    def batch(self, seed: int, step: int, batch_size: int, t: int):
-        """Training batch ``(x, y)`` of shape ``[batch_size, t]``: x = BOS + y shifted right."""
+    def batch(self, seed: int, step: int, batch_size: int, t: int, *, rank: int = 0, world: int = 1):
+        """This rank's training batch ``(x, y)`` of shape ``[batch_size, t]`` (x = BOS + y shifted right) of global
+        micro-batch ``step``, which holds ``world * batch_size`` samples."""
         if len(self.train) <= t:
             raise ValueError(f"train split of {self.name!r} has {len(self.train)} tokens, fewer than a window of {t}")
-        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step))
-        return self._windows(self.train, torch.randint(0, len(self.train) - t, (batch_size,), generator=g), t)
+        key = (int(seed), t)
+        if getattr(self, "_sampler_key", None) != key:
+            self._sampler, self._sampler_key = EpochWindows(len(self.train), t, seed), key
+        starts = self._sampler.starts(sample_range(step, batch_size, rank_=rank, world_=world))
+        return self._windows(self.train, torch.from_numpy(starts), t)
 
     def val_windows(self, t: int, n: int):
         """``n`` evenly spaced validation windows of length ``t`` (the same ones for every model and seed)."""

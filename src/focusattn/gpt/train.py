@@ -2,7 +2,9 @@
 resume, metrics.jsonl); the lab's own parts are here: the model, its batches, evaluation, what a record holds.
 
 Output directory layout: ``config.json`` (what was run), ``metrics.jsonl`` (one record per log/eval step),
-``checkpoint.pt`` (latest, atomic), ``result.json`` (final evaluation; its presence marks a finished run).
+``checkpoint.json`` + ``checkpoint-<step>.pt`` (latest, atomic, verified: ``train/checkpoint.py``), ``result.json``
+(final evaluation; its presence marks a finished run). Under torchrun every rank trains its slice of the global
+batch (``train/dist.py``) and rank 0 alone writes.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import torch.nn.functional as F
 from .. import _io
 from .._errors import InputError
 from ..lazy.metrics import attention_report
-from ..train.checkpoint import load_checkpoint
+from ..train import dist
+from ..train.checkpoint import has_checkpoint, load_checkpoint
 from ..train.loop import adamw, train_loop
 from .config import ModelConfig, TrainConfig, model_config_from_dict
 from .data import LMData, load_data
@@ -92,8 +95,9 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     """
     tcfg = replace(tcfg, seed=seed, resume=resume)
     out = Path(out_dir)
-    ckpt_path = out / "checkpoint.pt"
-    if not resume and (ckpt_path.exists() or (out / "result.json").exists()):
+    dist.init()
+    main = dist.is_main()
+    if not resume and (has_checkpoint(out) or (out / "result.json").exists()):
         raise InputError("out", str(out), "already holds a run; resume it or choose another folder")
     torch.set_num_threads(tcfg.threads)
     data = load_data(data) if isinstance(data, str) else data
@@ -102,19 +106,25 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     opt = adamw(_param_groups(model, tcfg.weight_decay), tcfg)
     run_cfg = {"model": cfg.to_dict(), "train": tcfg.to_dict(), "data": data.name, "seed": seed,
                "parameters": model.num_parameters()}
+    world = dist.world()
+    # Recorded apart from run_cfg (which a resume must match): sizes the run by, not a setting of, the model.
+    layout = {"world_size": world, "batch_size_per_rank": tcfg.batch_size,
+              "global_batch": world * tcfg.batch_size * tcfg.grad_accum}
     state = None
     if resume:
-        state = load_checkpoint(ckpt_path)
+        state = load_checkpoint(out, meta={"global_batch": layout["global_batch"]})
         saved = state["extra"].get("config", {})
         if saved.get("model") != run_cfg["model"] or saved.get("train") != run_cfg["train"] or saved.get("seed") != seed:
             raise InputError("out", str(out), f"holds a run started with a different configuration ({saved}); "
                                               "resume with the same settings or choose another folder")
-    else:
+    elif main:
         out.mkdir(parents=True, exist_ok=True)
-    _io.write_json(out / "config.json", run_cfg)
+    if main:
+        _io.write_json(out / "config.json", {**run_cfg, "distributed": layout})
 
     def next_batch(step: int, micro: int):
-        return data.batch(seed, step * tcfg.grad_accum + micro, tcfg.batch_size, cfg.block_size)
+        return data.batch(seed, step * tcfg.grad_accum + micro, tcfg.batch_size, cfg.block_size, rank=dist.rank(),
+                          world=world)
 
     def loss_of(batch):
         return model(*batch)[1]
@@ -122,8 +132,8 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     def record(done: int, rec: dict) -> dict | None:
         if done % tcfg.log_interval and done != tcfg.steps:
             return None
-        log = {"step": done, "loss": rec["loss"], "lr": rec["lr"], "tok_s": rec["tokens_per_s"],
-               "elapsed_s": rec["elapsed_s"]}
+        log = {"step": done, "loss": rec["loss"], "lr": rec["lr"], "global_batch": rec["global_batch"],
+               "tok_s": rec["tokens_per_s"], "elapsed_s": rec["elapsed_s"]}
         if done % tcfg.eval_interval == 0 or done == tcfg.steps:
             ev = evaluate_metrics(model, data, cfg.block_size, tcfg.eval_windows)
             log["val_loss"], log["val_acc"] = ev["loss"], ev["acc"]
@@ -134,14 +144,16 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     res = train_loop(tcfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=state,
                      trainable=model.state_dict, load_trainable=model.load_state_dict,
                      clip_params=list(model.parameters()), record=record, extra_state=lambda: {"config": run_cfg},
-                     tokens_per_step=tcfg.batch_size * tcfg.grad_accum * cfg.block_size, stop_at=stop_at,
+                     meta={"global_batch": layout["global_batch"]},
+                     tokens_per_step=layout["global_batch"] * cfg.block_size, stop_at=stop_at,
                      desc=f"{cfg.attention} s{seed}", progress=progress)
     if res.stopped:
         return {"stopped_at": res.step}
-    tokens = tcfg.steps * tcfg.batch_size * tcfg.grad_accum * cfg.block_size
-    result = {"config": run_cfg, "steps": tcfg.steps, "tokens": tokens, "train_time_s": res.elapsed_s,
-              **final_report(model, data, cfg, tcfg)}
-    _io.write_json(out / "result.json", result)
+    tokens = tcfg.steps * layout["global_batch"] * cfg.block_size
+    result = {"config": run_cfg, "distributed": layout, "steps": tcfg.steps, "tokens": tokens,
+              "train_time_s": res.elapsed_s, **final_report(model, data, cfg, tcfg)}
+    if main:
+        _io.write_json(out / "result.json", result)
     return result
 
 

@@ -7,6 +7,7 @@ from ..focus.config import ROUTINGS, FocusConfig
 from ..kernels.backends import BACKENDS
 from ..kernels.soft import GATES
 from ..analysis.report import retrofit_table
+from . import dist
 from .retrofit import METHODS, RetrofitConfig, retrofit
 
 
@@ -43,14 +44,15 @@ def _retrofit(a) -> int:
         seq_len=a.seq_len, batch_size=a.batch_size, grad_accum=a.grad_accum, lr=a.lr, warmup=a.warmup, seed=a.seed,
         eval_windows=a.eval_windows, ood_eval_windows=a.ood_eval_windows,
         eval_top_ks=tuple(int(x) for x in a.eval_top_k.split(",")) if a.eval_top_k else None,
-        checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume,
+        checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume, fsdp=a.fsdp,
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha,
         focus=focus_from_args(a),
     )
     summary = retrofit(cfg, command=a.command_line)
-    print(retrofit_table(summary))
-    print(f"\nwrote {a.out}/summary.json")
+    if dist.is_main():
+        print(retrofit_table(summary))
+        print(f"\nwrote {a.out}/summary.json")
     return 0
 
 
@@ -74,7 +76,9 @@ def register(sub) -> None:
     p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K/2: above K/2 every pair shares a group)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing for long sequences")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (checkpoint.json)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the frozen base over the processes with FSDP2 (routers stay whole)")
     p.add_argument("--balance-loss", type=float, default=d.balance_loss,
                    help="weight of the routers' load-balance loss (keeps groups, and sparse-kernel cost, balanced)")
     p.add_argument("--lam-final", type=float, default=d.lam_final,

@@ -1,7 +1,10 @@
 """The one training loop, used by the router retrofit (``train/retrofit.py``) and the from-scratch lab
 (``gpt/train.py``): AdamW, the cosine LR schedule, gradient accumulation, clipping, tqdm progress (loss, tokens/s),
-``metrics.jsonl``, atomic checkpoints every ``checkpoint_every`` steps and exact ``resume`` (trainable tensors,
-optimizer, step, torch's RNG state, training time).
+``metrics.jsonl``, atomic verified checkpoints every ``checkpoint_every`` steps and exact ``resume`` (trainable
+tensors, optimizer, step, torch's RNG state, training time), data parallelism over ``train.dist`` (each rank its
+slice of the global batch, gradients averaged once per step; rank 0 alone logs and writes).
+
+Determinism: same seed, machine and process count give the same ``metrics.jsonl`` except ``TIMING_FIELDS``.
 
 What is specific to a job stays in its file and comes in as callables: the micro-batch of a step, the loss of a
 batch (and the scalars to log with it), what to do before a step, and the record to log after it.
@@ -20,10 +23,12 @@ from tqdm.auto import tqdm
 
 from .. import _io
 from .._errors import InputError
-from .checkpoint import save_checkpoint
+from . import dist
+from .checkpoint import check_trainable, save_checkpoint
 from .schedule import cosine_lr
 
 BETAS = (0.9, 0.95)
+TIMING_FIELDS = ("tokens_per_s", "tok_s", "elapsed_s")  # wall-clock fields of a record: the only ones that vary
 
 
 def _int_at_least(cls: str, name: str, value, low: int) -> None:
@@ -35,7 +40,8 @@ def _int_at_least(cls: str, name: str, value, low: int) -> None:
 class TrainConfig:
     """The training fields every job shares (a job's config inherits them and may change the defaults).
 
-    steps: optimizer steps. batch_size: sequences per micro-batch; grad_accum: micro-batches per step.
+    steps: optimizer steps. batch_size: sequences per micro-batch and process (the global batch is
+    ``world * batch_size * grad_accum``); grad_accum: micro-batches per step.
     lr, warmup, min_lr_ratio: peak rate, linear warmup steps, cosine floor as a share of ``lr`` (``cosine_lr``).
     weight_decay: AdamW's (a job may give some parameter groups none). clip: gradient-norm clipping threshold.
     seed: the job's seed (batches and initialisation). checkpoint_every: save every N steps (and at the end).
@@ -112,47 +118,58 @@ def train_loop(
     record: Callable[[int, dict], dict | None] | None = None,
     extra_state: Callable[[], dict] | None = None,
     tokens_per_step: int,
+    meta: dict | None = None,
     stop_at: int | None = None,
     desc: str = "train",
     progress: bool = True,
 ) -> LoopResult:
     """Train from step 0, or from ``checkpoint`` (a ``load_checkpoint`` dict: trainable tensors, optimizer, RNG,
-    step) to ``cfg.steps``; writes ``out/metrics.jsonl`` and ``out/checkpoint.pt``.
+    step) to ``cfg.steps``; rank 0 writes ``out/metrics.jsonl`` and the checkpoints (``train.checkpoint``).
 
-    next_batch(step, micro): micro-batch ``micro`` (0 .. grad_accum - 1) of step ``step`` (0-based); a deterministic
-        function of its arguments keeps a resumed run identical to an uninterrupted one.
+    next_batch(step, micro): this rank's micro-batch ``micro`` (0 .. grad_accum - 1) of step ``step`` (0-based); a
+        deterministic function of its arguments (and the rank, see ``dist.sample_range``) keeps a resumed run
+        identical to an uninterrupted one.
     loss_of(batch): the objective to minimise, or ``(objective, scalars)``; ``scalars`` (floats, default
         ``{"loss": objective}``) are averaged over the micro-batches and must hold ``"loss"``.
     trainable() / load_trainable(tensors): the tensors a checkpoint keeps, and how a resume puts them back.
     before_step(step): job-specific changes before a step (e.g. a schedule of its own).
     record(step_done, rec): the record to log for a finished step, or None to log nothing. ``rec`` holds
-        ``step`` (1-based), the averaged scalars, ``lr``, ``grad_norm``, ``tokens_per_s`` (since the last logged
-        record) and ``elapsed_s``; the default logs it as it is. Time spent in ``record`` (evaluation) is not
-        training time.
+        ``step`` (1-based), the scalars averaged over micro-batches and ranks, ``lr``, ``grad_norm``,
+        ``global_batch`` (sequences per step over all ranks), ``tokens_per_s`` (since the last logged record) and
+        ``elapsed_s``; the default logs it as it is. Every rank calls it (an evaluation may need all of them); rank 0
+        writes it. Time spent in ``record`` (evaluation) is not training time.
     extra_state(): more to keep in each checkpoint's ``extra`` (the loop adds ``elapsed_s``).
+    tokens_per_step: tokens one step trains on over all ranks (for ``tokens_per_s``).
+    meta: what the checkpoints are for (e.g. the base model id); ``load_checkpoint(meta=...)`` checks it on resume.
     stop_at: checkpoint after that step and return as if interrupted (``resume`` continues exactly).
     """
     out = Path(out)
-    ckpt_path, log_path = out / "checkpoint.pt", out / "metrics.jsonl"
-    clip_params = list(clip_params) if clip_params is not None else [
-        p for g in optimizer.param_groups for p in g["params"]]
+    log_path = out / "metrics.jsonl"
+    main = dist.is_main()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    clip_params = list(clip_params) if clip_params is not None else params
+    global_batch = cfg.batch_size * cfg.grad_accum * dist.world()
     start, elapsed = 0, 0.0
     if checkpoint is not None:
+        check_trainable(checkpoint, trainable(), out)
         load_trainable(checkpoint["trainable"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         if "rng" in checkpoint:
             torch.set_rng_state(checkpoint["rng"])
         start, elapsed = checkpoint["step"], checkpoint.get("extra", {}).get("elapsed_s", 0.0)
-        truncate_metrics(log_path, start)
-    else:
+        if main:
+            truncate_metrics(log_path, start)
+    elif main:
         out.mkdir(parents=True, exist_ok=True)
         log_path.unlink(missing_ok=True)
 
     def save(step: int) -> None:
-        save_checkpoint(ckpt_path, step=step, trainable=trainable(), optimizer=optimizer,
-                        extra={**(extra_state() if extra_state else {}), "elapsed_s": elapsed})
+        state = trainable()
+        if main:
+            save_checkpoint(out, step=step, trainable=state, optimizer_state=optimizer.state_dict(), meta=meta,
+                            extra={**(extra_state() if extra_state else {}), "elapsed_s": elapsed})
 
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, disable=not progress,
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, disable=not (progress and main),
                dynamic_ncols=True)
     window_s, window_steps = 0.0, 0  # training time and steps since the last logged record
     done = start
@@ -171,21 +188,23 @@ def train_loop(
                 (objective / cfg.grad_accum).backward()
                 for k, v in (scalars if scalars is not None else {"loss": objective.item()}).items():
                     sums[k] = sums.get(k, 0.0) + v
+            dist.average_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, cfg.clip).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             done = step + 1
             dt = time.perf_counter() - t0
             elapsed, window_s, window_steps = elapsed + dt, window_s + dt, window_steps + 1
-            means = {k: v / cfg.grad_accum for k, v in sums.items()}
+            means = dist.mean_scalars({k: v / cfg.grad_accum for k, v in sums.items()})
             if not math.isfinite(means["loss"]):
                 raise FloatingPointError(f"{desc}: loss became {means['loss']} at step {done}; "
                                          "the last good checkpoint is kept")
-            rec = {"step": done, **means, "lr": lr, "grad_norm": grad_norm,
+            rec = {"step": done, **means, "lr": lr, "grad_norm": grad_norm, "global_batch": global_batch,
                    "tokens_per_s": window_steps * tokens_per_step / max(window_s, 1e-9), "elapsed_s": elapsed}
             rec = record(done, rec) if record is not None else rec
             if rec is not None:
-                _io.append_jsonl(log_path, rec)
+                if main:
+                    _io.append_jsonl(log_path, rec)
                 bar.set_postfix(loss=f"{means['loss']:.3f}",
                                 tok_s=f"{window_steps * tokens_per_step / max(window_s, 1e-9):,.0f}")
                 window_s, window_steps = 0.0, 0

@@ -1,7 +1,11 @@
 """Centroid-only Focus retrofit: freeze a pretrained LM, train only the routers, evaluate before and after.
 
 ``method="lora"`` trains the paper's baseline instead, LoRA on the attention projections (``hf/lora.py``), through the
-same path: same data, batches, seed, schedule, loop and evaluation, so the two compare on one table."""
+same path: same data, batches, seed, schedule, loop and evaluation, so the two compare on one table.
+
+Under torchrun (``train/dist.py``) every rank holds the frozen base (whole, or sharded by FSDP2 with ``fsdp``) and a
+replica of the routers, trains on its slice of each global batch, and evaluates the same windows; rank 0 alone writes.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,20 +13,21 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .._errors import InputError
 from .._io import write_json
 from ..analysis.groups import group_stats
 from ..data.corpora import load_corpus
-from ..data.tokens import check_length, eval_windows, random_windows, tokenize
+from ..data.sampler import EpochWindows
+from ..data.tokens import check_length, eval_windows, tokenize
 from ..eval.perplexity import perplexity
 from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..hf.compose import focus_config, update_config
 from ..hf.io import adapter_state, load_adapter_state
 from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
+from . import dist
 from .checkpoint import load_checkpoint
 from .loop import TrainConfig, adamw, train_loop
 
@@ -49,6 +54,7 @@ class RetrofitConfig(TrainConfig):
     ood_eval_windows: int = 8
     eval_top_ks: tuple[int, ...] | None = None  # None = 1..K/2 (for k > K/2 any two k-subsets of K groups intersect)
     grad_checkpointing: bool = False
+    fsdp: bool = False  # shard the frozen base over the ranks with FSDP2 (train/dist.py); routers stay whole
     balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
     lam_final: float | None = None  # anneal the soft gate's lambda geometrically to this value (train for the hard mask)
     method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
@@ -74,6 +80,8 @@ class RetrofitConfig(TrainConfig):
             raise InputError("lora_rank", self.lora_rank, f"allowed an integer >= 1 ({c}.lora_rank)")
         if self.lora_alpha is not None and not self.lora_alpha > 0:
             raise InputError("lora_alpha", self.lora_alpha, f"allowed None or a float > 0 ({c}.lora_alpha)")
+        if not isinstance(self.fsdp, bool):
+            raise InputError("fsdp", self.fsdp, f"allowed True or False ({c}.fsdp)")
         if self.lam_final is not None and not self.lam_final > 0:
             raise InputError("lam_final", self.lam_final, f"allowed None or a float > 0 ({c}.lam_final)")
         if self.eval_top_ks is not None:
@@ -105,19 +113,24 @@ def _max_positions(model) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-def _eval_suite(model, windows, top_ks, desc) -> dict:
-    res = {"soft": perplexity(model, windows, desc=f"{desc} soft")["ppl"]}
+def _eval_suite(model, windows, top_ks, desc, progress=True) -> dict:
+    res = {"soft": perplexity(model, windows, desc=f"{desc} soft", progress=progress)["ppl"]}
     for k in top_ks:
         set_top_k(model, k)
-        res[f"top{k}"] = perplexity(model, windows, desc=f"{desc} top-{k}")["ppl"]
+        res[f"top{k}"] = perplexity(model, windows, desc=f"{desc} top-{k}", progress=progress)["ppl"]
     set_top_k(model, None)
     return res
 
 
 def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None = None) -> dict:
-    """Run the whole job; writes ``metrics.jsonl``, ``checkpoint.pt``, ``adapter/`` and ``summary.json`` in ``out``."""
+    """Run the whole job; writes ``metrics.jsonl``, the checkpoint, ``adapter/`` and ``summary.json`` in ``out``."""
     out = Path(cfg.out)
     t_start = time.time()
+    dist.init()
+    main, world = dist.is_main(), dist.world()
+    progress = progress and main
+    if cfg.fsdp and world == 1:
+        log.warning("--fsdp shards over the processes of a torchrun launch; in one process it changes nothing")
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.model)
     max_pos = _max_positions(model)
@@ -136,9 +149,13 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     top_ks = list(cfg.eval_top_ks or range(1, max(1, cfg.focus.num_groups // 2) + 1))
     log.info("%s | %d train / %d val tokens", corpus.describe(), len(train_ids), len(val_ids))
 
-    out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good: bad input leaves nothing
-    ckpt_path = out / "checkpoint.pt"
-    ckpt = load_checkpoint(ckpt_path) if cfg.resume else None
+    global_batch = world * cfg.batch_size * cfg.grad_accum
+    meta = {"model": cfg.model, "global_batch": global_batch}  # a resume must match these
+    log.info("global batch %d = %d process(es) x %d sequences x %d accumulation steps", global_batch, world,
+             cfg.batch_size, cfg.grad_accum)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known to be good: bad input leaves nothing
+    ckpt = load_checkpoint(out, meta=meta) if cfg.resume else None
     before = (ckpt or {}).get("extra", {}).get("before")
     if before is None:
         before = {"domain": perplexity(model, val_w, desc="before: domain", progress=progress)["ppl"]}
@@ -154,9 +171,12 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         params = router_parameters(model)
     n_train = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
+    model.to(dist.device())
+    if cfg.fsdp:
+        dist.shard_frozen(model, params)
     opt = adamw(params, cfg)
     if ckpt is not None:
-        log.info("resuming from %s at step %d", ckpt_path, ckpt["step"])
+        log.info("resuming from %s at step %d", out, ckpt["step"])
 
     # Frozen model in eval mode (no dropout); routers train (updates the causal offsets). Gradient checkpointing
     # needs the decoder blocks in train mode, so then only dropout modules are kept in eval.
@@ -170,17 +190,17 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     rs = [] if lora else routers(model)
     for r in rs:
         r.train()
-    device = next(model.parameters()).device
-    step_rng = {}
+    device = dist.device()
+    sampler = EpochWindows(len(train_ids), cfg.seq_len, cfg.seed)
 
     def before_step(step: int) -> None:
-        if not lora and _lam(cfg, step) != focus_config(model).lam:
-            update_config(model, lam=_lam(cfg, step))
-        step_rng["rng"] = np.random.default_rng([cfg.seed, step])  # a resumed run sees exactly the same batches
+        lam = _lam(cfg, step)
+        if not lora and lam != focus_config(model).lam:
+            update_config(model, lam=lam)
 
     def next_batch(step: int, micro: int) -> torch.Tensor:
-        return torch.as_tensor(random_windows(train_ids, cfg.seq_len, cfg.batch_size, step_rng["rng"]),
-                               dtype=torch.long, device=device)
+        samples = dist.sample_range(step * cfg.grad_accum + micro, cfg.batch_size)
+        return torch.as_tensor(sampler.windows(train_ids, samples), dtype=torch.long, device=device)
 
     def loss_of(x: torch.Tensor):
         loss = model(x, labels=x).loss
@@ -191,7 +211,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def record(step: int, rec: dict) -> dict:
         common = {"step": step, "loss": rec["loss"], "lr": rec["lr"], "grad_norm": rec["grad_norm"],
-                  "tokens_per_s": rec["tokens_per_s"]}
+                  "global_batch": rec["global_batch"], "tokens_per_s": rec["tokens_per_s"]}
         if lora:
             return common
         # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
@@ -204,22 +224,22 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
                load_trainable=(lambda t: load_lora_state(model, t, source=source)) if lora
                else (lambda t: load_adapter_state(model, t, source=source)),
                clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before},
-               tokens_per_step=cfg.batch_size * cfg.grad_accum * cfg.seq_len, desc="retrofit", progress=progress)
+               tokens_per_step=global_batch * cfg.seq_len, meta=meta, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
     model.eval()
     if lora:
-        adapter_dir = save_lora(model, out / "adapter")
-        after = {"domain": {"lora": perplexity(model, val_w, desc="after: domain lora")["ppl"]}}
+        adapter_dir = save_lora(model, out / "adapter") if main else out / "adapter"
+        after = {"domain": {"lora": perplexity(model, val_w, desc="after: domain lora", progress=progress)["ppl"]}}
         if ood_w is not None:
-            after["ood"] = {"lora": perplexity(model, ood_w, desc="after: ood lora")["ppl"]}
+            after["ood"] = {"lora": perplexity(model, ood_w, desc="after: ood lora", progress=progress)["ppl"]}
         stats = {"layers": [], "pairs_kept": {}}
     else:
         update_config(model, lam=_lam(cfg, cfg.steps))
-        adapter_dir = save_adapter(model, out / "adapter")
-        after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain")}
+        adapter_dir = save_adapter(model, out / "adapter") if main else out / "adapter"
+        after = {"domain": _eval_suite(model, val_w, top_ks, "after: domain", progress)}
         if ood_w is not None:
-            after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood")
+            after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood", progress)
         stats = group_stats(model, val_w[: min(2, len(val_w))], top_ks)
     n_key = "lora" if lora else "router"
     summary = {
@@ -228,6 +248,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         "config": cfg.to_dict(),
         "corpus": corpus.describe(),
         "parameters": {n_key: n_train, "trainable": n_train, "total": n_total, "percent": 100.0 * n_train / n_total},
+        "distributed": {"world_size": world, "batch_size_per_rank": cfg.batch_size, "global_batch": global_batch,
+                        "fsdp": cfg.fsdp and world > 1},
         "perplexity": {"before": before, "after": after},
         "groups": stats["layers"],
         "pairs_kept": stats["pairs_kept"],
@@ -235,7 +257,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         "adapter": str(adapter_dir),
         "wall_seconds": time.time() - t_start,
     }
-    write_json(out / "summary.json", summary)
+    if main:
+        write_json(out / "summary.json", summary)
+    dist.barrier()  # no rank leaves before rank 0 has written everything
     return summary
 
 
