@@ -89,7 +89,7 @@ def _same(out, lse, ref, ref_lse, tol):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(prob=problems())
 def test_focus_attention_equals_reference(backend, prob):
     q, k, v, m, window, sink, kw = prob
@@ -102,7 +102,7 @@ def test_focus_attention_equals_reference(backend, prob):
         _same(out, lse, ref, ref_lse, 1e-5)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(prob=problems())
 def test_direct_entries_equal_reference(prob):
     """The backends' own entry points (used by benches and advanced callers) keep the same contract."""
@@ -118,7 +118,7 @@ def test_direct_entries_equal_reference(prob):
 
 
 @pytest.mark.parametrize("backend", ("dense", "decomposed"))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(prob=problems())
 def test_gradients_equal_reference(backend, prob):
     q, k, v, m, window, sink, kw = prob
@@ -214,7 +214,7 @@ def test_group_index_decode_checks_only_this_steps_rows():
 
 
 # ------------------------------------------------------------------------------------------------ soft and elastic
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(prob=problems(), gate=st.sampled_from(["log", "multiplicative"]))
 def test_soft_kernel_limits_equal_reference(prob, gate):
     """The log gate at a huge sharpness is the hard mask (one-hot or evenly split groups); with a window covering
@@ -253,7 +253,7 @@ def lazy_problems(draw):
     return q, k, v, tau, bias, block, draw(st.sampled_from(["zero", "clamp"]))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(prob=lazy_problems())
 def test_lazy_chunked_equals_reference_on_degenerate_shapes(prob):
     q, k, v, tau, bias, block, beyond = prob
