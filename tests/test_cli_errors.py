@@ -3,6 +3,7 @@ work), a full disk during a write, a tokenizer that does not fit the model, a ma
 import errno
 import json
 import os
+from pathlib import Path  # noqa: F401
 
 import pytest
 
@@ -64,6 +65,7 @@ def test_mismatched_tokenizer_is_one_line(tmp_path, tiny_dir, capsys):
                          intermediate_size=48, vocab_size=40, max_position_embeddings=64)
     tr.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
     char_tokenizer().save_pretrained(d)
+    capsys.readouterr()  # the setup's progress bars
     rc = main(["retrofit", "--model", str(d), "--data", str(tiny_dir / "corpus"), "--out", str(tmp_path / "run")])
     _one_line(capsys, rc, "--model", "tokenizer belongs to another model")
 

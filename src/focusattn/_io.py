@@ -23,6 +23,28 @@ def atomic_path(path: str | os.PathLike):
             os.unlink(tmp)
 
 
+def check_writable(path: str | os.PathLike, param: str = "out") -> None:
+    """InputError (naming ``param``) unless ``path`` (a file or folder, existing or not) could be created/replaced:
+    checked up front, so a command fails before any work instead of after it. Creates nothing."""
+    from ._errors import InputError
+
+    p = Path(path).expanduser().absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe != p and not probe.is_dir():
+        raise InputError(param, str(path), f"cannot be created: {probe} is a file, not a folder")
+    folder = probe if probe.is_dir() else probe.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(param, str(path), f"cannot be written: no write permission in {folder}")
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for a failed read/write (full disk, permission, missing file), naming the file when known."""
+    what = e.strerror or " ".join(str(e).split())
+    return f"{e.filename}: {what}" if e.filename else what
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from ._errors import cli_message
+from ._io import check_writable, os_error_message
 from .analysis import cli as analysis_cli
 from .bench import cli as bench_cli
 from .gpt import cli as gpt_cli
@@ -36,11 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("transformers", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
+        if isinstance(getattr(args, "out", None), str):
+            check_writable(args.out)  # before any work: an unwritable --out fails now, not after an hour
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:  # bad input, unwritable or full disk: one line, nothing else
         if args.verbose:
             raise
-        print(f"focusattn {args.command}: error: {cli_message(e, getattr(args, 'flags', None))}", file=sys.stderr)
+        msg = os_error_message(e) if isinstance(e, OSError) else cli_message(e, getattr(args, "flags", None))
+        print(f"focusattn {args.command}: error: {' '.join(msg.split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is kept", file=sys.stderr)

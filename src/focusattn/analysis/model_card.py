@@ -11,7 +11,7 @@ from .._io import write_json, write_text
 from ..focus.config import FocusConfig
 from ..adapters import HERE
 from ..bench.report import render_model_markdown
-from ..hf.io import CONFIG, WEIGHTS
+from ..hf.io import CONFIG, WEIGHTS, verify_adapter
 from .pareto import render_pareto
 from .report import retrofit_table
 
@@ -34,6 +34,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     for f in (CONFIG, WEIGHTS):
         if not (run / "adapter" / f).is_file():
             raise InputError("run", str(run), f"missing adapter/{f} (written by `focusattn retrofit --out RUN`)")
+    verify_adapter(run / "adapter")  # ship only a complete adapter whose tensors match its checksum
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8")
     le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None

@@ -1,22 +1,52 @@
-"""Adapters: ``adapter_config.json`` (Focus config, base model, library version) + ``adapter.safetensors`` (router
-tensors only). Loading is strict: any missing, unexpected or mis-shaped key is an error naming it."""
+"""Adapters: ``adapter_config.json`` (Focus config, base model, library version, the tensor file's sha256) +
+``adapter.safetensors`` (router tensors only).
+
+Writing is atomic file by file (temp + rename), tensors first, then the config that carries their checksum: an
+interrupted save leaves either the old adapter or a config/tensor pair whose checksum disagrees, never a silent mix.
+Loading is strict, and every error is one line naming the file: a malformed config (bad JSON, missing or unknown
+fields, wrong types), a tensor file whose sha256 differs from the config's (truncated, corrupted, half-replaced),
+and any missing, unexpected, mis-shaped, wrongly typed or non-finite tensor. Adapters saved before checksums existed
+(no ``weights_sha256``) still load, with a warning.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
 
 from .. import __version__
 from .._io import atomic_path, write_json
 from ..focus.config import FocusConfig
-from .compose import compose, focus_config, is_composed, routers
+from .compose import compose, focus_config, is_composed, routers, unload
+
+log = logging.getLogger("focusattn")
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter.safetensors"
+# adapter_config.json: field -> type. Unknown fields are refused (a typo must not be ignored).
+FIELDS = {"focus_config": dict, "base_model": str, "model_type": str, "hidden_size": int, "num_layers": int,
+          "trainable_parameters": int, "focusattn_version": str, "weights_sha256": str}
+OPTIONAL = {"weights_sha256"}  # absent in adapters saved by focusattn before checksums were written
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _base_id(model) -> str:
@@ -36,7 +66,8 @@ def adapter_state(model) -> dict[str, torch.Tensor]:
 
 
 def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str = "adapter") -> None:
-    """Copy router tensors into a composed model; any missing, unexpected or mis-shaped key is an error."""
+    """Copy router tensors into a composed model; any missing, unexpected, mis-shaped or wrongly typed key (a float
+    where an integer/bool belongs or the reverse), and any non-finite value, is an error naming ``source``."""
     expected = dict(_router_tensors(model))
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -44,19 +75,27 @@ def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str =
     if missing or unexpected or shapes:
         raise ValueError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
                          f"mis-shaped {shapes[:3]}")
+    dtypes = sorted(k for k, t in expected.items() if t.is_floating_point() != tensors[k].is_floating_point())
+    if dtypes:
+        raise ValueError(f"{source}: wrong dtype for {dtypes[:3]} (e.g. {tensors[dtypes[0]].dtype} where the model "
+                         f"has {expected[dtypes[0]].dtype})")
+    bad = sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:
+        raise ValueError(f"{source}: NaN/Inf values in {bad[:3]}")
     with torch.no_grad():
         for key, t in expected.items():
             t.copy_(tensors[key].to(t.dtype))
 
 
 def save_adapter(model, path: str | os.PathLike) -> Path:
-    """Write the adapter folder; each file appears whole (temp + rename)."""
+    """Write the adapter folder: the tensors, then the config holding their sha256; each file appears whole."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = focus_config(model)
     state = adapter_state(model)
     with atomic_path(path / WEIGHTS) as tmp:
         save_file({k: (v.float() if v.is_floating_point() else v.to(torch.uint8)) for k, v in state.items()}, str(tmp))
+        digest = sha256_file(tmp)
     write_json(path / CONFIG, {
         "focus_config": cfg.to_dict(),
         "base_model": _base_id(model),
@@ -65,6 +104,7 @@ def save_adapter(model, path: str | os.PathLike) -> Path:
         "num_layers": len(routers(model)),
         "trainable_parameters": sum(v.numel() for k, v in state.items() if not k.split(".")[-1].startswith("offsets")),
         "focusattn_version": __version__,
+        "weights_sha256": digest,
     })
     return path
 
@@ -74,20 +114,72 @@ class _NotFocus(ValueError):
 
 
 def read_adapter_config(path: str | os.PathLike) -> dict:
+    """The validated ``adapter_config.json`` of an adapter folder (see the module docstring); ValueError naming the
+    file otherwise."""
     p = Path(path) / CONFIG
     if not p.is_file():
         raise ValueError(f"adapter {path}: missing {CONFIG} (not a Focus adapter folder)")
     try:
         meta = json.loads(p.read_text())
-        if "peft_type" in meta:
-            raise _NotFocus(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
-                            "--method lora`), not a Focus adapter: this command needs one from `focusattn retrofit` "
-                            "(only `focusattn eval` also takes LoRA)")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: corrupt JSON ({_one_line(e)})") from e
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read ({e.strerror or _one_line(e)})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{p}: corrupt: expected a JSON object, got {type(meta).__name__}")
+    if "peft_type" in meta:
+        raise _NotFocus(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
+                        "--method lora`), not a Focus adapter: this command needs one from `focusattn retrofit` "
+                        "(only `focusattn eval` also takes LoRA)")
+    unknown = sorted(set(meta) - set(FIELDS))
+    missing = sorted(set(FIELDS) - OPTIONAL - set(meta))
+    if unknown or missing:
+        raise ValueError(f"{p}: corrupt: " + "; ".join(
+            ([f"missing field(s) {missing}"] if missing else []) + ([f"unknown field(s) {unknown}"] if unknown else []))
+            + f" (fields: {sorted(FIELDS)})")
+    for key, typ in FIELDS.items():
+        if key in meta and (not isinstance(meta[key], typ) or isinstance(meta[key], bool)):
+            raise ValueError(f"{p}: corrupt: field {key!r} must be {typ.__name__}, got {type(meta[key]).__name__} "
+                             f"{meta[key]!r:.60}")
+    if "weights_sha256" in meta and not re.fullmatch(r"[0-9a-f]{64}", meta["weights_sha256"]):
+        raise ValueError(f"{p}: corrupt: field 'weights_sha256' must be 64 lowercase hex digits")
+    try:
         FocusConfig.from_dict(meta["focus_config"])
-    except _NotFocus:
-        raise
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"adapter {path}: corrupt {CONFIG} ({e})") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: corrupt focus_config ({_one_line(e)})") from e
+    return meta
+
+
+def read_adapter_tensors(path: str | os.PathLike, meta: dict | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of an adapter folder, after checking the file against the config's sha256 (read once: what is
+    hashed is what is parsed)."""
+    path = Path(path)
+    meta = read_adapter_config(path) if meta is None else meta
+    f = path / WEIGHTS
+    try:
+        data = f.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{f}: cannot read ({e.strerror or _one_line(e)})") from e
+    want = meta.get("weights_sha256")
+    if want is None:
+        log.warning("%s has no weights_sha256 (saved by an older focusattn): %s is not checksum-verified",
+                    path / CONFIG, f)
+    elif hashlib.sha256(data).hexdigest() != want:
+        raise ValueError(f"{f}: sha256 {hashlib.sha256(data).hexdigest()[:12]}... differs from {CONFIG}'s "
+                         f"{want[:12]}... (truncated or corrupted file, or an interrupted save)")
+    try:
+        return load_safetensors(data)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{f}: cannot read ({_one_line(e)})") from e
+
+
+def verify_adapter(path: str | os.PathLike) -> dict:
+    """Check an adapter folder without a model (config, checksum, tensor file); return its config."""
+    from ..adapters import resolve
+
+    path = resolve(path)
+    meta = read_adapter_config(path)
+    read_adapter_tensors(path, meta)
     return meta
 
 
@@ -107,15 +199,18 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
     if check_base and meta.get("base_model") and _base_id(model) and meta["base_model"] != _base_id(model):
         raise ValueError(f"adapter {path} was trained on base model {meta['base_model']!r}, not {_base_id(model)!r}; "
                          "pass check_base=False to load it anyway")
-    try:
-        tensors = load_file(str(path / WEIGHTS))
-    except (FileNotFoundError, SafetensorError, OSError) as e:
-        raise ValueError(f"adapter {path}: cannot read {WEIGHTS} ({e})") from e
-    if not is_composed(model):
+    tensors = read_adapter_tensors(path, meta)
+    composed_here = not is_composed(model)
+    if composed_here:
         compose(model, cfg)
     elif (focus_config(model).num_groups, focus_config(model).group_dim) != (cfg.num_groups, cfg.group_dim):
         have = focus_config(model)
         raise ValueError(f"adapter {path} has K={cfg.num_groups}, d_g={cfg.group_dim} but the model is composed with "
                          f"K={have.num_groups}, d_g={have.group_dim}")
-    load_adapter_state(model, tensors, source=f"adapter {path}")
+    try:
+        load_adapter_state(model, tensors, source=str(path / WEIGHTS))
+    except ValueError:
+        if composed_here:  # leave the model as it came: no half-adapted model with random routers
+            unload(model)
+        raise
     return model

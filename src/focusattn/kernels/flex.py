@@ -18,6 +18,7 @@ import torch
 from .backends import logger
 from .common import apply_softcap, default_scale, group_bits
 from .lse import acc
+from .validation import empty_focus_result, validate_focus_inputs
 
 
 def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None):
@@ -55,9 +56,17 @@ def _compiled_flex():
 
 
 def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                         return_lse=False, block_mask=None, compile: bool | None = None):
+                         return_lse=False, block_mask=None, compile: bool | None = None, validate=True):
     """Focus attention via FlexAttention. ``block_mask``: reuse one built by :func:`focus_block_mask` (building it
-    is O(Tq Tk / 128^2) mask_mod evaluations, worth caching across layers). ``compile``: None = when allowed."""
+    is O(Tq Tk / 128^2) mask_mod evaluations, worth caching across layers). ``compile``: None = when allowed.
+    ``validate=False`` skips the checks of :mod:`.validation` (``focus_attention`` has done them)."""
+    if validate:
+        validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
+                              key_padding_mask=key_padding_mask)
+    if q.numel() == 0:  # FlexAttention's block mask cannot be built over zero rows
+        out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
+                                      key_padding_mask=key_padding_mask)
+        return (out, lse) if return_lse else out
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
     tq = q.shape[2]

@@ -10,13 +10,45 @@ Local pairs (``0 <= i - j <= window``) are untouched; distant causal pairs are g
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .common import apply_softcap, default_scale, relative_distance
 from .reference import expand_kv
+from .validation import check_finite
 
 GATES = ("multiplicative", "log")
+
+
+def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys) -> None:
+    """ValueError naming the offending argument (the shapes of :func:`.api.focus_attention`, float groups)."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, H, T, D]")
+    b, hq, tq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != d or d < 1 or k.shape[1] < 1 or hq % k.shape[1]:
+        raise ValueError(f"k and v must be [B, Hkv, Tk, D] with B={b}, D={d} >= 1 and Hkv dividing Hq={hq}; got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if tq > k.shape[2]:
+        raise ValueError(f"q length Tq={tq} exceeds k length Tk={k.shape[2]} (queries align to the end)")
+    if not isinstance(groups, torch.Tensor) or not groups.dtype.is_floating_point or groups.dim() != 3 \
+            or groups.shape[:2] != (b, k.shape[2]) or groups.shape[2] < 1:
+        raise ValueError(f"groups must be a float tensor [B, Tk, K] = [{b}, {k.shape[2]}, K>=1], got "
+                         f"{(groups.dtype, tuple(groups.shape)) if isinstance(groups, torch.Tensor) else groups!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0, got {window!r}")
+    for name, x in (("lam", lam), ("offset", offset)):
+        if not math.isfinite(float(x)):
+            raise ValueError(f"{name} must be a finite number, got {x!r}")
+    for name, m in (("allowed", allowed), ("sink_keys", sink_keys)):
+        if m is not None and (not isinstance(m, torch.Tensor) or m.dtype != torch.bool):
+            raise ValueError(f"{name} must be a bool tensor or None")
+    for name, t in (("q", q), ("k", k), ("v", v), ("groups", groups)):
+        check_finite(name, t)
 
 
 def soft_focus_attention(
@@ -36,9 +68,12 @@ def soft_focus_attention(
 ) -> torch.Tensor:
     """``groups``: float ``[B, Tk, K]`` soft assignments (rows sum to 1). ``allowed``: optional bool mask broadcastable
     to ``[B, Hq, Tq, Tk]`` (the model's causal/padding/sliding mask); causality is always enforced here too.
-    ``sink_keys``: bool [B|1, Tk] keys exempt from gating (see ``reference.sink_key_mask``)."""
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    ``sink_keys``: bool [B|1, Tk] keys exempt from gating (see ``reference.sink_key_mask``).
+
+    A query row with no allowed key (padding) returns zeros, like the hard reference. Non-finite ``q``, ``k``, ``v``
+    or ``groups`` is a ValueError naming it: the zeroing of empty rows would otherwise turn a NaN row into a silent
+    zero. Empty problems (``B``, ``Tq`` or ``Tk`` = 0) return an empty output."""
+    _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys)
     hq, tq, d = q.shape[1], q.shape[2], q.shape[-1]
     tk = k.shape[2]
     k, v = expand_kv(k, hq), expand_kv(v, hq)

@@ -47,6 +47,7 @@ import torch
 from ..backends import flash_attn_varlen
 from ..common import default_scale
 from ..lse import merge_signed_
+from ..validation import empty_focus_result, validate_focus_inputs
 from . import band, same_group
 from .chunk import NEG_INF
 
@@ -119,8 +120,9 @@ class _DecomposedFocus(torch.autograd.Function):
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                               return_lse=False, varlen_fn="auto", decomposition="auto"):
-    """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor (inputs assumed validated by the API).
+                               return_lse=False, varlen_fn="auto", decomposition="auto", validate=True):
+    """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor. ``validate=False`` skips the input
+    checks of :mod:`..validation` (``focus_attention`` has done them).
 
     ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
     backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
@@ -128,6 +130,16 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
     once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
     ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
     """
+    if validate:
+        validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
+                              key_padding_mask=key_padding_mask)
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(f"decomposed_focus_attention is for prefill (Tq == Tk), got Tq={q.shape[2]}, "
+                             f"Tk={k.shape[2]}; use focus_attention, which decodes Tq < Tk")
+    if q.numel() == 0:
+        out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
+                                      key_padding_mask=key_padding_mask)
+        return (out, lse) if return_lse else out
     scale = default_scale(q.shape[-1], scale)
     if varlen_fn == "auto":
         varlen_fn = None
