@@ -52,7 +52,7 @@ def test_rope_base_defaults_and_override():
 def test_unknown_names_list_valid_ones():
     with pytest.raises(ValueError, match="valid: standard, lazy, lazy-no-bias, elastic-only, focus, sliding"):
         get_preset("tiny", "linear")
-    with pytest.raises(ValueError, match="unknown preset 'huge'; valid: tiny, lab, lab-long, small"):
+    with pytest.raises(ValueError, match="unknown preset 'huge'; valid: tiny, lab, lab-long, mqar, passkey, small"):
         get_preset("huge", "lazy")
 
 
@@ -84,13 +84,14 @@ def test_first_query_is_a_constant_and_empty_when_tau_at_least_one(impl):
     with tau >= 1 Elastic-Softmax empties it (p = 1 <= tau / 1) in both kernel paths. An empty row 0 therefore
     changes a constant of the model, never what it can tell apart."""
     torch.manual_seed(0)
-    m = GPT(ModelConfig(attention="lazy", n_layer=2, n_head=2, d_model=16, block_size=8, lazy_impl=impl)).eval()
+    m = GPT(ModelConfig(attention="lazy", n_layer=2, n_head=2, d_model=16, block_size=8, lazy_impl=impl,
+                        tau_mode="free")).eval()
     x = torch.randint(0, 256, (3, 8))
     x[:, 0] = BOS
     with torch.no_grad():
-        logits, _ = m(x)
         for blk in m.blocks:
-            blk.attn.tau_raw.fill_(5.0)  # tau = softplus(5) > 1
+            blk.attn.tau_raw.fill_(1.0)  # free mode: tau = 1 exactly, row 0's threshold is 1 / 1
+        logits, _ = m(x)
         h = m.tok_emb(x)
         for blk in m.blocks:
             out = blk.attn(blk.ln1(h))

@@ -107,7 +107,12 @@ def test_focusattn_eval_loads_a_lab_model(saved, tmp_path):
 
     from focusattn.cli import main
 
-    _, path = saved
+    model, _ = saved
+    # bytes are long: the offline tasks need more than the tiny preset's 4 x 32 RoPE positions
+    lab = {**model.config.lab, "max_seq_len": 1024}
+    path = tmp_path / "lab"
+    LabGPTForCausalLM(LabGPTConfig(lab=lab)).save_pretrained(path)
+    LabByteTokenizer().save_pretrained(path)
     out = tmp_path / "ev"
     rc = main(["eval", "--model", str(path), "--tasks", "offline", "--limit", "2", "--bootstrap-iters", "10",
                "--batch-size", "4", "--out", str(out)])

@@ -24,6 +24,8 @@ from .._errors import InputError
 from ..gpt.config import ModelConfig, model_config_from_dict
 from ..gpt.model import GPT
 from ..gpt.tokenizer import BOS, VOCAB_SIZE
+from ..lazy.bias import DistanceBias
+from ..lazy.rope import RotaryEmbedding
 
 MODEL_TYPE = "focusattn-lab-gpt"
 BOS_TOKEN = "<|bos|>"
@@ -57,8 +59,14 @@ class LabGPTForCausalLM(PreTrainedModel, GenerationMixin):
         self.gpt = GPT(model_config_from_dict(config.lab))
         self.post_init()
 
-    def _init_weights(self, module):  # GPT initialises itself; loading overwrites it
-        pass
+    @torch.no_grad()
+    def _init_weights(self, module):
+        """Parameters: GPT initialises itself and loading overwrites them. Non-persistent buffers are not in a saved
+        model, and ``from_pretrained`` allocates them without values: recompute them here."""
+        if isinstance(module, RotaryEmbedding):
+            module.reset_tables()
+        elif isinstance(module, DistanceBias) and not isinstance(module.table, torch.nn.Parameter):
+            module.table.zero_()
 
     def get_input_embeddings(self):
         return self.gpt.tok_emb
@@ -117,8 +125,10 @@ class LabByteTokenizer(PreTrainedTokenizer):
     def __init__(self, **kwargs):
         for k in ("bos_token", "eos_token", "pad_token"):
             kwargs.setdefault(k, BOS_TOKEN)
-        kwargs.setdefault("add_bos_token", True)
+        add_bos = kwargs.pop("add_bos_token", True)
+        self.add_bos_token = add_bos  # before the base __init__, which may already encode
         super().__init__(**kwargs)
+        self.add_bos_token = add_bos
 
     @property
     def vocab_size(self) -> int:

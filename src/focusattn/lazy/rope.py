@@ -15,11 +15,23 @@ class RotaryEmbedding(nn.Module):
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         self.head_dim, self.max_seq_len, self.base = head_dim, max_seq_len, float(base)
-        inv = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        ang = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv[None, :]
+        cos, sin = self._tables()
         # Buffers are not saved: they are a pure function of (head_dim, max_seq_len, base).
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self):
+        cpu = torch.device("cpu")  # explicit: also right under a meta-device context (HF from_pretrained)
+        inv = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=cpu) / self.head_dim))
+        ang = torch.arange(self.max_seq_len, dtype=torch.float64, device=cpu)[:, None] * inv[None, :]
+        return ang.cos().float(), ang.sin().float()
+
+    @torch.no_grad()
+    def reset_tables(self) -> None:
+        """Recompute the cos/sin buffers in place (a loader that allocates buffers without values calls this)."""
+        cos, sin = self._tables()
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         t = x.shape[-2]
