@@ -15,15 +15,19 @@ def sinkhorn_potentials(logits: torch.Tensor, iters: int, mask: torch.Tensor | N
     ``mask`` [B, T] (True = real token) keeps padding out of the column sums. Potentials are centred (mean 0 over
     groups), which removes the gauge freedom ``b + c`` that leaves the softmax unchanged.
     """
-    b = logits.new_zeros(logits.shape[0], logits.shape[-1])
-    neg = torch.finfo(logits.dtype).min
+    # [B, K, T] layout: the column sums (over tokens) run along contiguous memory, ~7x faster on CPU than
+    # reducing dim 1 of [B, T, K]; online rebalancing calls this once per boundary on every layer
+    lt = logits.transpose(1, 2).contiguous()
+    b = lt.new_zeros(lt.shape[0], lt.shape[1])
+    neg = torch.finfo(lt.dtype).min
+    pad = None if mask is None else ~mask[:, None, :]
     for it in range(iters):
-        rows = logits + b[:, None, :]
+        rows = lt + b[:, :, None]
         if it:  # the paper's first column step sees exp(S) itself; later ones see the row-normalised Q
-            rows = torch.log_softmax(rows, dim=-1)
-        if mask is not None:
-            rows = rows.masked_fill(~mask[..., None], neg)
-        b = b - torch.logsumexp(rows, dim=1)  # divide each column by its sum over tokens
+            rows = torch.log_softmax(rows, dim=1)
+        if pad is not None:
+            rows = rows.masked_fill(pad, neg)
+        b = b - torch.logsumexp(rows, dim=2)  # divide each column by its sum over tokens
     return b - b.mean(dim=-1, keepdim=True)
 
 
