@@ -2,6 +2,7 @@
 model card (how it was trained, the command, its measured tables), all read from the run's JSON."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -46,10 +47,13 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     for f in (CONFIG, WEIGHTS):
         shutil.copy2(run / "adapter" / f, tmp / f)
     served = ""
+    acfg = json.loads((tmp / CONFIG).read_text())
+    # a shipped adapter always carries its tensors' checksum (runs saved before checksums existed have none)
+    acfg["weights_sha256"] = hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest()
     if rebalance is not None:
-        acfg = json.loads((tmp / CONFIG).read_text())
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "rebalance": int(rebalance)}).to_dict()
-        write_json(tmp / CONFIG, acfg)
+    write_json(tmp / CONFIG, acfg)
+    if rebalance is not None:
         served = (f" Shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`, an inference "
                   "setting not used in training: groups stay balanced on text unlike the training corpus); "
                   "`fa.update_config(model, rebalance=0)` serves the learned offsets alone.")

@@ -218,7 +218,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
                 "largest_share": [r.largest_share for r in rs]}
 
-    source = f"{ckpt_path} (delete it or start without resuming)"
+    source = f"the checkpoint in {out} (delete it or start without resuming)"
     train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
                trainable=(lambda: lora_state(model)) if lora else (lambda: adapter_state(model)),
                load_trainable=(lambda t: load_lora_state(model, t, source=source)) if lora
