@@ -5,6 +5,8 @@ per chosen layer: share, frequent tokens with purity, examples in context) and h
 between two checkpoints or adapters (``focusattn groups``)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -153,7 +155,7 @@ def _load_routed(model_spec: str, adapter: str, like=None):
     from ..train.checkpoint import load_checkpoint
 
     model, tok = load_model(model_spec)
-    if str(adapter).endswith(".pt"):
+    if str(adapter).endswith((".pt", "checkpoint.json")):  # a run's checkpoint: its folder holds the verified record
         if like is None:
             raise ValueError(f"{adapter}: a checkpoint is compared with an adapter (--adapter), not used alone")
         from ..adapters import resolve
@@ -161,7 +163,7 @@ def _load_routed(model_spec: str, adapter: str, like=None):
         from ..hf.compose import compose
 
         compose(model, FocusConfig.from_dict(read_adapter_config(resolve(like))["focus_config"]))
-        load_adapter_state(model, load_checkpoint(adapter)["trainable"], source=f"checkpoint {adapter}")
+        load_adapter_state(model, load_checkpoint(Path(adapter).parent)["trainable"], source=f"checkpoint {adapter}")
     else:
         load_adapter(model, adapter)
     return model, tok
