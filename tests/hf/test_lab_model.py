@@ -75,7 +75,7 @@ def test_load_model_and_lab_run(saved, tmp_path):
     model, path = saved
     m, tok = load_model(str(path))
     assert isinstance(m, LabGPTForCausalLM) and isinstance(tok, LabByteTokenizer) and not m.training
-    # a lab run folder (config.json + checkpoint.pt) converts to the same model
+    # a lab run folder (config.json + its verified checkpoint) converts to the same model
     import json
 
     from focusattn.gpt.train import train_lm
@@ -90,7 +90,7 @@ def test_load_model_and_lab_run(saved, tmp_path):
     again = AutoModelForCausalLM.from_pretrained(exported)
     from focusattn.train.checkpoint import load_checkpoint
 
-    state = load_checkpoint(run / "checkpoint.pt")["trainable"]
+    state = load_checkpoint(run)["trainable"]
     assert all(torch.equal(again.gpt.state_dict()[k], v) for k, v in state.items())
     assert json.loads((exported / "config.json").read_text())["model_type"] == "focusattn-lab-gpt"
     # the run folder itself loads too (what `focusattn eval --model RUN` does)

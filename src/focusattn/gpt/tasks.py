@@ -84,8 +84,10 @@ class MQARData:
     def _batch(self, g, n, t):
         return _pack(*zip(*(self._one(g, t) for _ in range(n))))
 
-    def batch(self, seed: int, step: int, batch_size: int, t: int):
-        return self._batch(_gen(seed, step), batch_size, t)
+    def batch(self, seed: int, step: int, batch_size: int, t: int, *, rank: int = 0, world: int = 1):
+        """This rank's slice of global micro-batch ``step`` (``world * batch_size`` examples, one generator)."""
+        x, y = self._batch(_gen(seed, step), batch_size * world, t)
+        return x[rank * batch_size:(rank + 1) * batch_size], y[rank * batch_size:(rank + 1) * batch_size]
 
     def val_windows(self, t: int, n: int):
         return self._batch(_gen(_VAL_SEED, t, val=True), n, t)
@@ -142,8 +144,10 @@ class PasskeyData:
     def _batch(self, g, n, t, text):
         return _pack(*zip(*(self._one(g, t, text) for _ in range(n))))
 
-    def batch(self, seed: int, step: int, batch_size: int, t: int):
-        return self._batch(_gen(seed, step), batch_size, t, self.train_text)
+    def batch(self, seed: int, step: int, batch_size: int, t: int, *, rank: int = 0, world: int = 1):
+        """This rank's slice of global micro-batch ``step`` (``world * batch_size`` examples, one generator)."""
+        x, y = self._batch(_gen(seed, step), batch_size * world, t, self.train_text)
+        return x[rank * batch_size:(rank + 1) * batch_size], y[rank * batch_size:(rank + 1) * batch_size]
 
     def val_windows(self, t: int, n: int):
         return self._batch(_gen(_VAL_SEED, t, val=True), n, t, self.val_text)

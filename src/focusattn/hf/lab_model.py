@@ -104,15 +104,15 @@ class LabGPTForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_lab(cls, run_dir: str | Path) -> "LabGPTForCausalLM":
-        """A finished or checkpointed lab run folder (``config.json`` + ``checkpoint.pt``) as an HF model."""
-        from ..train.checkpoint import load_checkpoint
+        """A finished or checkpointed lab run folder (``config.json`` + a verified checkpoint) as an HF model."""
+        from ..train.checkpoint import RECORD, load_checkpoint
 
         d = Path(run_dir)
-        if not (d / "config.json").exists() or not (d / "checkpoint.pt").exists():
-            raise InputError("run", str(d), "not a lab run folder (needs config.json and checkpoint.pt)")
+        if not (d / "config.json").exists() or not (d / RECORD).exists():
+            raise InputError("run", str(d), f"not a lab run folder (needs config.json and {RECORD})")
         cfg = json.loads((d / "config.json").read_text())["model"]
         model = cls(LabGPTConfig(lab=cfg))
-        model.gpt.load_state_dict(load_checkpoint(d / "checkpoint.pt")["trainable"])
+        model.gpt.load_state_dict(load_checkpoint(d)["trainable"])
         model.config._name_or_path = str(d)
         return model.eval()
 
@@ -176,7 +176,9 @@ def register() -> None:
 def is_lab_run(path: str | Path) -> bool:
     """A ``train-lm`` output folder: ``config.json`` with the lab's ``model``/``train`` records and a checkpoint."""
     d = Path(path)
-    if not (d / "checkpoint.pt").is_file() or not (d / "config.json").is_file():
+    from ..train.checkpoint import RECORD
+
+    if not (d / RECORD).is_file() or not (d / "config.json").is_file():
         return False
     try:
         cfg = json.loads((d / "config.json").read_text())

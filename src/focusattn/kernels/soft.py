@@ -30,8 +30,9 @@ def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys) -> No
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor [B, H, T, D]")
     b, hq, tq, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != d or d < 1 or k.shape[1] < 1 or hq % k.shape[1]:
-        raise ValueError(f"k and v must be [B, Hkv, Tk, D] with B={b}, D={d} >= 1 and Hkv dividing Hq={hq}; got "
+    # v may have its own head size (the lab's focus variant uses one); everything else must match k
+    if k.shape[:3] != v.shape[:3] or v.shape[-1] < 1 or k.shape[0] != b or k.shape[-1] != d or d < 1 or k.shape[1] < 1 or hq % k.shape[1]:
+        raise ValueError(f"k and v must be [B, Hkv, Tk, D(v)] with B={b}, D={d} >= 1 and Hkv dividing Hq={hq}; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if tq > k.shape[2]:
         raise ValueError(f"q length Tq={tq} exceeds k length Tk={k.shape[2]} (queries align to the end)")
