@@ -50,7 +50,7 @@ def test_lora_trains_saves_peft_format_and_reloads(tmp_path, tiny_dir, capsys):
     from focusattn.train.checkpoint import load_checkpoint
 
     trained = add_lora(AutoModelForCausalLM.from_pretrained(tiny_dir / "model"), 4)
-    load_lora_state(trained, load_checkpoint(out / "checkpoint.pt")["trainable"])
+    load_lora_state(trained, load_checkpoint(out)["trainable"])
     with torch.no_grad():
         a, b = loaded(x).logits, trained.eval()(x).logits
     assert torch.equal(a, b)

@@ -107,6 +107,10 @@ class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, membership, kpm, out, lse = ctx.saved_tensors
+        # a query with no allowed key (LSE -inf, output 0) has no gradient: +inf makes every P = exp(s - L) exactly 0
+        # instead of exp(+inf) in the parts' backward (NaN)
+        empty = lse == float("-inf")
+        lse = lse.masked_fill(empty, float("inf"))
         p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap)
         if dout is None:
             dout = torch.zeros_like(out)
@@ -116,6 +120,10 @@ class _DecomposedFocus(torch.autograd.Function):
             same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
+        if bool(empty.any()):  # the fused op's backward of a fully masked row is NaN whatever P is: it has none
+            g.dq.masked_fill_(empty[..., None], 0.0)
+            g.dk.nan_to_num_(0.0, 0.0, 0.0)
+            g.dv.nan_to_num_(0.0, 0.0, 0.0)
         return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
 
 
