@@ -9,7 +9,7 @@ import pytest
 from focusattn.cli import main
 
 
-def _one_line(capsys, rc, *must):
+def assert_one_line(capsys, rc, *must):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     for m in must:
@@ -22,7 +22,7 @@ def test_out_inside_a_file_is_refused_before_any_work(tmp_path, tiny_dir, capsys
     blocker.write_text("x")
     rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"),
                "--out", str(blocker / "run")])
-    _one_line(capsys, rc, "--out", "is a file, not a folder")
+    assert_one_line(capsys, rc, "--out", "is a file, not a folder")
     assert blocker.read_text() == "x" and sorted(os.listdir(tmp_path)) == ["file"]
 
 
@@ -31,7 +31,7 @@ def test_out_in_a_read_only_folder_is_refused(tmp_path, tiny_dir, capsys):
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
     rc = main(["report", "--results", str(tmp_path), "--out", str(ro / "RESULTS.md")])
-    _one_line(capsys, rc, "--out", "no write permission")
+    assert_one_line(capsys, rc, "--out", "no write permission")
 
 
 def test_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
@@ -64,7 +64,7 @@ def test_mismatched_tokenizer_is_one_line(tmp_path, tiny_dir, capsys):
     char_tokenizer().save_pretrained(d)
     capsys.readouterr()  # the setup's progress bars
     rc = main(["retrofit", "--model", str(d), "--data", str(tiny_dir / "corpus"), "--out", str(tmp_path / "run")])
-    _one_line(capsys, rc, "--model", "tokenizer belongs to another model")
+    assert_one_line(capsys, rc, "--model", "tokenizer belongs to another model")
 
 
 def test_malformed_adapter_config_is_one_line(tmp_path, tiny_dir, capsys):
@@ -73,4 +73,4 @@ def test_malformed_adapter_config_is_one_line(tmp_path, tiny_dir, capsys):
     (ad / "adapter_config.json").write_text('{"focus_config": {}, "hidden_size": "64"')
     rc = main(["groups", "--model", str(tiny_dir / "model"), "--adapter", str(ad), "--data",
                str(tiny_dir / "corpus"), "--out", str(tmp_path / "g")])
-    _one_line(capsys, rc, str(ad / "adapter_config.json"), "corrupt JSON")
+    assert_one_line(capsys, rc, str(ad / "adapter_config.json"), "corrupt JSON")

@@ -68,7 +68,7 @@ def test_corrupt_config(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ verified files
-def _one_line_error(fn, *match):
+def assert_one_line_error(fn, *match):
     """Run ``fn``; it must raise ValueError whose message is one line containing every string in ``match``."""
     with pytest.raises(ValueError) as ei:
         fn()
@@ -99,7 +99,7 @@ def test_damaged_tensor_file_is_a_one_line_error_naming_it(tmp_path, damage):
         f.write_bytes({"truncate": data[: len(data) // 2], "flip": data[:-9] + bytes([data[-9] ^ 1]) + data[-8:],
                        "append": data + b"\0", "empty": b""}[damage])
     model = tiny_model("llama")
-    _one_line_error(lambda: fa.load_adapter(model, path), str(f))
+    assert_one_line_error(lambda: fa.load_adapter(model, path), str(f))
     assert not fa.hf.is_composed(model), "a failed load must leave the model as it was"
 
 
@@ -134,7 +134,7 @@ def test_malformed_adapter_config_is_a_one_line_error_naming_it(tmp_path, varian
     make, expect = _config_variants()[variant]
     cfg.write_text(make(json.loads(cfg.read_text())))
     model = tiny_model("llama")
-    _one_line_error(lambda: fa.load_adapter(model, path), str(cfg), expect)
+    assert_one_line_error(lambda: fa.load_adapter(model, path), str(cfg), expect)
     assert not fa.hf.is_composed(model)
 
 
@@ -156,10 +156,10 @@ def test_bad_tensors_are_refused_whole(tmp_path):
 
     key = next(k for k in good if k.endswith("proj.weight"))
     rewrite({**good, key: good[key].clone().fill_(float("nan"))})
-    _one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "NaN/Inf", key)
+    assert_one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "NaN/Inf", key)
     flag = next(k for k in good if k.endswith("offsets_ready"))
     rewrite({**good, flag: good[flag].float()})
-    _one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "wrong dtype", flag)
+    assert_one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "wrong dtype", flag)
 
 
 def test_adapter_without_checksum_still_loads_with_a_warning(tmp_path, caplog):
@@ -219,4 +219,4 @@ def test_full_disk_while_saving_keeps_the_previous_adapter(tmp_path, monkeypatch
     monkeypatch.undo()
     assert sorted(p.name for p in path.iterdir()) == ["adapter.safetensors", "adapter_config.json"]
     assert (path / "adapter_config.json").read_bytes() == before["adapter_config.json"]
-    _one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "sha256", "interrupted save")
+    assert_one_line_error(lambda: fa.load_adapter(tiny_model("llama"), path), "sha256", "interrupted save")

@@ -78,7 +78,7 @@ def problems(draw):
     return q, k, v, m, window, sink, kw
 
 
-def _same(out, lse, ref, ref_lse, tol):
+def assert_same_as_reference(out, lse, ref, ref_lse, tol):
     assert out.shape == ref.shape and out.dtype == ref.dtype and lse.shape == ref_lse.shape
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "queries with no allowed key differ"
     assert not out.isnan().any() and not lse.isnan().any()
@@ -95,11 +95,11 @@ def test_focus_attention_equals_reference(backend, prob):
     q, k, v, m, window, sink, kw = prob
     ref, ref_lse = dense_focus_attention(q, k, v, m, window, sink=sink, return_lse=True, **kw)
     out, lse = focus_attention(q, k, v, m, window, sink=sink, backend=backend, return_lse=True, **kw)
-    _same(out, lse, ref, ref_lse, 1e-5)
+    assert_same_as_reference(out, lse, ref, ref_lse, 1e-5)
     if q.shape[2] < k.shape[2] and backend in ("decomposed", "auto") and k.shape[0]:  # decoding from a GroupIndex
         out, lse = focus_attention(q, k, v, m, window, sink=sink, backend=backend, return_lse=True,
                                    group_index=GroupIndex(m), **kw)
-        _same(out, lse, ref, ref_lse, 1e-5)
+        assert_same_as_reference(out, lse, ref, ref_lse, 1e-5)
 
 
 @settings(max_examples=15, deadline=None)
@@ -108,10 +108,10 @@ def test_direct_entries_equal_reference(prob):
     """The backends' own entry points (used by benches and advanced callers) keep the same contract."""
     q, k, v, m, window, _, kw = prob
     ref, ref_lse = dense_focus_attention(q, k, v, m, window, return_lse=True, **kw)
-    _same(*focus_decode_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
-    _same(*flex_focus_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
+    assert_same_as_reference(*focus_decode_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
+    assert_same_as_reference(*flex_focus_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
     if q.shape[2] == k.shape[2]:
-        _same(*decomposed_focus_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
+        assert_same_as_reference(*decomposed_focus_attention(q, k, v, m, window, return_lse=True, **kw), ref, ref_lse, 1e-5)
     else:
         with pytest.raises(ValueError, match="Tq == Tk"):
             decomposed_focus_attention(q, k, v, m, window, **kw)

@@ -118,7 +118,7 @@ class RoutingCache:
             self._groups = _Rows(routing.groups)
             self._index = None if routing.membership is None else GroupIndex(routing.membership)
             self._scores = None if routing.scores is None else _Rows(routing.scores)
-            self._valid = None if valid is None else _Rows(valid[..., None])
+            self._valid = None if valid is None or routing.scores is None else _Rows(valid[..., None])
             self._memo = {} if memo is None else memo
         return routing
 

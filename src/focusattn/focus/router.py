@@ -159,7 +159,8 @@ class FocusRouter(nn.Module):
             self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = None if cfg.top_k is None else topk_membership(groups, cfg.top_k)
-        return Routing(groups, membership, logits.detach())
+        # the logits are kept (by the routing cache) only when online rebalancing will need them in decode steps
+        return Routing(groups, membership, logits.detach() if cfg.rebalance else None)
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:

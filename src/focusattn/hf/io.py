@@ -109,10 +109,6 @@ def save_adapter(model, path: str | os.PathLike) -> Path:
     return path
 
 
-class _NotFocus(ValueError):
-    pass
-
-
 def read_adapter_config(path: str | os.PathLike) -> dict:
     """The validated ``adapter_config.json`` of an adapter folder (see the module docstring); ValueError naming the
     file otherwise."""
@@ -128,7 +124,7 @@ def read_adapter_config(path: str | os.PathLike) -> dict:
     if not isinstance(meta, dict):
         raise ValueError(f"{p}: corrupt: expected a JSON object, got {type(meta).__name__}")
     if "peft_type" in meta:
-        raise _NotFocus(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
+        raise ValueError(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
                         "--method lora`), not a Focus adapter: this command needs one from `focusattn retrofit` "
                         "(only `focusattn eval` also takes LoRA)")
     unknown = sorted(set(meta) - set(FIELDS))
