@@ -30,8 +30,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# Multi-process runs under torchrun: 2 CPU processes over gloo (DDP, FSDP2, SIGKILL + resume); 7 launches, 17 min
-# here on 2 cores shared with other jobs (load average 18; not measured on an idle machine).
+# Multi-process runs (torchrun and accelerate launch): 2 CPU processes over gloo (DDP, FSDP2 for retrofit and lab,
+# SIGKILL + resume); CI runs it after `make test`.
 test-dist: $(STAMP)
 	$(PY) -m pytest -m dist
 

@@ -37,11 +37,11 @@ def test_fsdp_plan_shards_each_decoder_layer_then_the_root():
     plan = dist.fsdp_plan(model)
     assert [type(m).__name__ for m in plan] == ["LlamaDecoderLayer", "LlamaDecoderLayer", "LlamaForCausalLM"]
     assert plan[-1] is model
-    # every router sits inside a sharded layer, so ignored_params must keep them whole (shard_frozen)
+    # every router sits inside a sharded layer, so ignored_params must keep them whole (shard keep_whole)
     routers = {id(p) for p in router_parameters(model)}
     inside = {id(p) for m in plan[:-1] for p in m.parameters()}
     assert routers and routers <= inside
-    dist.shard_frozen(model, router_parameters(model))  # one process: nothing to shard, nothing changes
+    dist.shard(model, keep_whole=router_parameters(model))  # one process: nothing to shard, nothing changes
     assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
     with pytest.raises(ValueError, match="--fsdp: Linear names no decoder-layer class"):
         dist.fsdp_plan(torch.nn.Linear(2, 2))

@@ -25,16 +25,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.dist]
 RTOL, ATOL = 1e-5, 1e-5
 
 
-def _launch(nproc, args, **kw):
-    pre = [sys.executable, "-m", "focusattn"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "focusattn"]
+def _launch(nproc, args, launcher="torchrun", **kw):
+    pre = [sys.executable, "-m", "focusattn"] if nproc == 1 else {
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"],
+        "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                       str(nproc), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+    }[launcher] + ["-m", "focusattn"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(pre + [str(a) for a in args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, **kw)
 
 
-def _run(nproc, args):
-    p = _launch(nproc, args)
+def _run(nproc, args, launcher="torchrun"):
+    p = _launch(nproc, args, launcher)
     try:
         out = p.communicate(timeout=1200)[0].decode()
     finally:
@@ -81,7 +84,7 @@ def test_lab_two_processes_equal_one_with_the_double_batch_and_resume_exactly(tm
     assert _metrics(two)[0]["global_batch"] == 4
     _close(_checkpoint(one), _checkpoint(two))
     r1, r2 = (json.loads((r / "result.json").read_text()) for r in (one, two))
-    assert r2["distributed"] == {"world_size": 2, "batch_size_per_rank": 2, "global_batch": 4}
+    assert r2["distributed"] == {"world_size": 2, "batch_size_per_rank": 2, "global_batch": 4, "fsdp": False}
     assert r2["val_loss"] == pytest.approx(r1["val_loss"], rel=RTOL)
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())  # rank 1 wrote nothing else
 
@@ -102,6 +105,38 @@ def test_lab_two_processes_equal_one_with_the_double_batch_and_resume_exactly(tm
     strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
     assert strip(_metrics(crash)) == strip(_metrics(two))  # same seed, machine and process count: identical
     assert json.loads((crash / "result.json").read_text())["val_loss_by_length"] == r2["val_loss_by_length"]
+
+
+def test_lab_fsdp_equals_one_process_and_resumes_exactly(tmp_path, tiny_dir):
+    """``train-lm --fsdp``: every weight sharded over 2 processes (FSDP2 reduce-scatters the gradients) trains like
+    one process with the double batch; checkpoints hold whole tensors; a run stopped and resumed (optimizer state
+    gathered, then scattered back) equals the uninterrupted sharded run."""
+    one, fsdp, stop = tmp_path / "one", tmp_path / "fsdp", tmp_path / "stop"
+    long = ["--steps", 20, "--checkpoint-every", 5]
+    _run(1, _lab(tiny_dir, one, 4, *long))
+    _run(2, _lab(tiny_dir, fsdp, 2, *long, "--fsdp"))
+    _same_curve(_metrics(one), _metrics(fsdp))
+    _close(_checkpoint(one), _checkpoint(fsdp))
+    r1, rf = (json.loads((r / "result.json").read_text()) for r in (one, fsdp))
+    assert rf["distributed"]["fsdp"] is True and rf["val_loss"] == pytest.approx(r1["val_loss"], rel=RTOL)
+    _run(2, _lab(tiny_dir, stop, 2, *long, "--fsdp", "--stop-at", 10))
+    assert not (stop / "result.json").exists()
+    _run(2, _lab(tiny_dir, stop, 2, *long, "--fsdp", "--resume"))
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    assert strip(_metrics(stop)) == strip(_metrics(fsdp))
+    _close(_checkpoint(stop), _checkpoint(fsdp))
+
+
+def test_accelerate_launch_runs_the_same_job_as_torchrun(tmp_path, tiny_dir):
+    """``accelerate launch --multi_gpu`` starts the processes through torchrun's machinery (gloo here, no GPU):
+    the same process group, the same global batch, the same run."""
+    pytest.importorskip("accelerate")
+    short = ["--steps", 6, "--checkpoint-every", 3]
+    _run(2, _lab(tiny_dir, tmp_path / "torchrun", 2, *short))
+    _run(2, _lab(tiny_dir, tmp_path / "accelerate", 2, *short), launcher="accelerate")
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]  # noqa: E731
+    assert strip(_metrics(tmp_path / "accelerate")) == strip(_metrics(tmp_path / "torchrun"))
+    _close(_checkpoint(tmp_path / "torchrun"), _checkpoint(tmp_path / "accelerate"))
 
 
 def test_retrofit_two_processes_and_fsdp_equal_one_with_the_double_batch(tmp_path, tiny_dir):

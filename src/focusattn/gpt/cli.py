@@ -47,7 +47,7 @@ def _train_handler(args) -> int:
                 "checkpoint_every": args.checkpoint_every}
         tcfg = replace(tcfg, **{k: v for k, v in over.items() if v is not None})
         res = train_lm(mcfg, tcfg, data=args.data, seed=args.seed, out_dir=args.out, resume=args.resume,
-                       stop_at=args.stop_at, progress=not args.no_progress)
+                       stop_at=args.stop_at, progress=not args.no_progress, fsdp=args.fsdp)
     except (ValueError, FileExistsError, FileNotFoundError) as e:
         print(f"error: {cli_message(e)}", file=sys.stderr)
         return 2
@@ -104,6 +104,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="sequences per step and process (preset's otherwise; the global batch is processes x this)")
     p.add_argument("--checkpoint-every", type=int, default=None, help="override the preset's checkpoint interval")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the model with FSDP2 (for models that do not fit one device)")
     _add_common(p)
     p.set_defaults(func=_train_handler)
 

@@ -97,12 +97,16 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
 
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x, weights: list | None = None):
+        h = self.ln1(x)
+        if weights is not None:
+            weights.append(self.attn.attention_weights(h).float())
+        x = x + self.attn(h)
         return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
+    _no_split_modules = ["Block"]  # what FSDP2 shards as a unit (``train.dist.fsdp_plan``), as transformers names it
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -125,10 +129,12 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, weights: list | None = None):
+        """(logits, loss); ``weights``, a list, receives each layer's dense attention weights (diagnostics go
+        through ``forward`` so that a sharded model, FSDP2, gathers its weights as for training)."""
         x = self.tok_emb(idx)
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, weights)
         logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
@@ -136,17 +142,16 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """One dense ``[B, H, T, T]`` weight tensor per layer (evaluation mode is the caller's business)."""
-        out, x = [], self.tok_emb(idx)
-        for blk in self.blocks:
-            out.append(blk.attn.attention_weights(blk.ln1(x)).float())
-            x = blk(x)
+        out: list[torch.Tensor] = []
+        self(idx, weights=out)
         return out
 
     def taus(self) -> list[list[float]] | None:
         """Learned Elastic-Softmax thresholds per layer and head (None for softmax variants)."""
         if not isinstance(self.blocks[0].attn, LazyAttention):
             return None
-        return [blk.attn.tau.detach().tolist() for blk in self.blocks]
+        taus = [blk.attn.tau.detach() for blk in self.blocks]
+        return [(t.full_tensor() if hasattr(t, "full_tensor") else t).tolist() for t in taus]  # whole if sharded
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

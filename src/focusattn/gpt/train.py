@@ -86,12 +86,15 @@ def _attention_snapshot(model: GPT, data: LMData, t: int) -> dict:
 
 
 def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: int = 0,
-             out_dir: str | Path, resume: bool = False, stop_at: int | None = None, progress: bool = True) -> dict:
+             out_dir: str | Path, resume: bool = False, stop_at: int | None = None, progress: bool = True,
+             fsdp: bool = False) -> dict:
     """Train one model; return (and write) ``result.json``'s content, or ``{"stopped_at": step}`` with ``stop_at``.
 
     ``stop_at``: save a checkpoint after that step and return, as if interrupted (time-sliced runs on a shared
     machine; the resumed run is identical to an uninterrupted one). Refuses to overwrite an existing run unless
-    ``resume``. ``seed`` and ``resume`` override ``tcfg``'s.
+    ``resume``. ``seed`` and ``resume`` override ``tcfg``'s. ``fsdp``: under torchrun, shard the model with FSDP2
+    (``dist.shard``) for models that do not fit one device; checkpoints hold whole tensors either way, so the run,
+    its checkpoints and its result equal the unsharded run's (tested with 2 processes).
     """
     tcfg = replace(tcfg, seed=seed, resume=resume)
     out = Path(out_dir)
@@ -103,16 +106,23 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     data = load_data(data) if isinstance(data, str) else data
     torch.manual_seed(seed)
     model = GPT(cfg)
+    n_params = model.num_parameters()
+    if fsdp:
+        if not isinstance(fsdp, bool):
+            raise InputError("fsdp", fsdp, "allowed True or False")
+        dist.shard(model)
     opt = adamw(_param_groups(model, tcfg.weight_decay), tcfg)
     run_cfg = {"model": cfg.to_dict(), "train": tcfg.to_dict(), "data": data.name, "seed": seed,
-               "parameters": model.num_parameters()}
+               "parameters": n_params}
     world = dist.world()
     # Recorded apart from run_cfg (which a resume must match): sizes the run by, not a setting of, the model.
     layout = {"world_size": world, "batch_size_per_rank": tcfg.batch_size,
-              "global_batch": world * tcfg.batch_size * tcfg.grad_accum}
+              "global_batch": world * tcfg.batch_size * tcfg.grad_accum, "fsdp": fsdp and world > 1}
+    # A sharded run keeps its optimizer state by parameter name (torch.distributed.checkpoint's layout): resume alike.
+    ckpt_meta = {"global_batch": layout["global_batch"], "fsdp": layout["fsdp"]}
     state = None
     if resume:
-        state = load_checkpoint(out, meta={"global_batch": layout["global_batch"]})
+        state = load_checkpoint(out, meta=ckpt_meta)
         saved = state["extra"].get("config", {})
         if saved.get("model") != run_cfg["model"] or saved.get("train") != run_cfg["train"] or saved.get("seed") != seed:
             raise InputError("out", str(out), f"holds a run started with a different configuration ({saved}); "
@@ -142,9 +152,11 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
 
     model.train()
     res = train_loop(tcfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=state,
-                     trainable=model.state_dict, load_trainable=model.load_state_dict,
+                     trainable=lambda: dist.full_state(model), load_trainable=lambda t: dist.load_full_state(model, t),
+                     optimizer_state=lambda: dist.full_optimizer_state(model, opt),
+                     load_optimizer_state=lambda o: dist.load_full_optimizer_state(model, opt, o),
                      clip_params=list(model.parameters()), record=record, extra_state=lambda: {"config": run_cfg},
-                     meta={"global_batch": layout["global_batch"]},
+                     meta=ckpt_meta,
                      tokens_per_step=layout["global_batch"] * cfg.block_size, stop_at=stop_at,
                      desc=f"{cfg.attention} s{seed}", progress=progress)
     if res.stopped:

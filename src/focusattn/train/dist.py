@@ -5,7 +5,7 @@ How a step is shared: every rank takes its own slice of the global batch (``samp
 on a replica of the trainable weights, and ``average_gradients`` all-reduces the trainable gradients once per step
 (after gradient accumulation) before clipping and the optimizer step, so every replica takes the same step. This is
 what DDP does, minus its overlap of communication with backward; done by hand it works unchanged whether the
-frozen base is replicated or sharded by FSDP2 (``shard_frozen``, retrofit ``--fsdp``), and frozen parameters need no
+frozen base is replicated or sharded by FSDP2 (``shard``, ``--fsdp``), and frozen parameters need no
 ``find_unused_parameters``.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def average_gradients(params) -> None:
     """All-reduce the gradients of ``params`` into their mean over the ranks (one collective per dtype)."""
     if world() == 1:
         return
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None and not is_sharded(p.grad)]  # FSDP2 averaged those
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in grads:
         by_dtype.setdefault(g.dtype, []).append(g)
@@ -120,16 +120,73 @@ def fsdp_plan(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [*blocks, model]
 
 
-def shard_frozen(model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
-    """Shard the frozen base with FSDP2 ``fully_shard`` (layer by layer, then the root); the ``trainable``
-    parameters stay whole on every rank (``ignored_params``), so the optimizer, clipping, checkpoints and adapters
-    see plain tensors, and ``average_gradients`` syncs them."""
+def shard(model: torch.nn.Module, *, keep_whole: list[torch.nn.Parameter] = ()) -> None:
+    """Shard ``model`` with FSDP2 ``fully_shard`` over all ranks: every ``fsdp_plan`` block, then the root.
+
+    Retrofit (``--fsdp``): the frozen base is sharded and the trainable routers stay whole on every rank
+    (``keep_whole``, FSDP2's ``ignored_params``), so the optimizer, clipping, checkpoints and adapters see plain
+    tensors and ``average_gradients`` syncs them. Lab (``train-lm --fsdp``): every parameter is sharded and trained
+    as a shard; FSDP2 reduce-scatters the mean gradient itself (``average_gradients`` skips sharded ones), and
+    ``full_state`` / ``full_optimizer_state`` gather whole tensors for checkpoints. A no-op in one process."""
     if world() == 1:
         return
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device().type, (world(),))
-    ignored = set(trainable)
+    ignored = set(keep_whole)
     for m in fsdp_plan(model):
-        fully_shard(m, mesh=mesh, ignored_params=ignored)
+        fully_shard(m, mesh=mesh, ignored_params=ignored or None)
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor shard (FSDP2) rather than a whole tensor."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "full_tensor")
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    return any(is_sharded(p) for p in model.parameters())
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True)
+
+
+def full_state(model: torch.nn.Module) -> dict:
+    """``model.state_dict()`` with every tensor whole on every rank (a collective when sharded: every rank calls
+    it), so a checkpoint written by rank 0 does not depend on the process count or on ``--fsdp``."""
+    if not _sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return {k: v.detach().cpu() for k, v in get_model_state_dict(model, options=_full_options()).items()}
+
+
+def load_full_state(model: torch.nn.Module, state: dict) -> None:
+    """Put whole tensors (``full_state``'s) back into a model, sharded or not."""
+    if not _sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    set_model_state_dict(model, state, options=_full_options())
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state with whole tensors (collective when the model is sharded: every rank calls it)."""
+    if not _sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    if not _sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    set_optimizer_state_dict(model, optimizer, state, options=_full_options())
+
+
+def scalar(t) -> float:
+    """A Python float from a tensor that may be a (replicated) DTensor, e.g. clipping's total norm under FSDP2."""
+    return float(t.full_tensor().item() if is_sharded(t) else t.item())

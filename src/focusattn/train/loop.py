@@ -117,6 +117,8 @@ def train_loop(
     before_step: Callable[[int], None] | None = None,
     record: Callable[[int, dict], dict | None] | None = None,
     extra_state: Callable[[], dict] | None = None,
+    optimizer_state: Callable[[], dict] | None = None,
+    load_optimizer_state: Callable[[dict], None] | None = None,
     tokens_per_step: int,
     meta: dict | None = None,
     stop_at: int | None = None,
@@ -139,6 +141,9 @@ def train_loop(
         ``elapsed_s``; the default logs it as it is. Every rank calls it (an evaluation may need all of them); rank 0
         writes it. Time spent in ``record`` (evaluation) is not training time.
     extra_state(): more to keep in each checkpoint's ``extra`` (the loop adds ``elapsed_s``).
+    optimizer_state() / load_optimizer_state(state): the optimizer's state as a checkpoint keeps it (default its
+        ``state_dict``); a sharded model gathers whole tensors here (``dist.full_optimizer_state``). Like
+        ``trainable()``, called on every rank.
     tokens_per_step: tokens one step trains on over all ranks (for ``tokens_per_s``).
     meta: what the checkpoints are for (e.g. the base model id); ``load_checkpoint(meta=...)`` checks it on resume.
     stop_at: checkpoint after that step and return as if interrupted (``resume`` continues exactly).
@@ -153,7 +158,7 @@ def train_loop(
     if checkpoint is not None:
         check_trainable(checkpoint, trainable(), out)
         load_trainable(checkpoint["trainable"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        (load_optimizer_state or optimizer.load_state_dict)(checkpoint["optimizer"])
         if "rng" in checkpoint:
             torch.set_rng_state(checkpoint["rng"])
         start, elapsed = checkpoint["step"], checkpoint.get("extra", {}).get("elapsed_s", 0.0)
@@ -164,9 +169,9 @@ def train_loop(
         log_path.unlink(missing_ok=True)
 
     def save(step: int) -> None:
-        state = trainable()
+        state, ostate = trainable(), (optimizer_state or optimizer.state_dict)()  # collectives when sharded
         if main:
-            save_checkpoint(out, step=step, trainable=state, optimizer_state=optimizer.state_dict(), meta=meta,
+            save_checkpoint(out, step=step, trainable=state, optimizer_state=ostate, meta=meta,
                             extra={**(extra_state() if extra_state else {}), "elapsed_s": elapsed})
 
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, disable=not (progress and main),
@@ -189,7 +194,7 @@ def train_loop(
                 for k, v in (scalars if scalars is not None else {"loss": objective.item()}).items():
                     sums[k] = sums.get(k, 0.0) + v
             dist.average_gradients(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, cfg.clip).item()
+            grad_norm = dist.scalar(torch.nn.utils.clip_grad_norm_(clip_params, cfg.clip))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             done = step + 1

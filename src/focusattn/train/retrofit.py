@@ -173,7 +173,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     n_total = sum(p.numel() for p in model.parameters())
     model.to(dist.device())
     if cfg.fsdp:
-        dist.shard_frozen(model, params)
+        dist.shard(model, keep_whole=params)
     opt = adamw(params, cfg)
     if ckpt is not None:
         log.info("resuming from %s at step %d", out, ckpt["step"])
