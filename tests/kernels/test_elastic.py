@@ -31,12 +31,13 @@ def _run(impl, xs, **kw):
 @settings(max_examples=25, deadline=None)
 @given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 2), tk=st.integers(1, 24),
        dq=st.integers(0, 6), d=st.sampled_from([2, 4, 8]), w=st.integers(1, 30), block=st.integers(1, 9),
-       beyond=st.sampled_from(["zero", "clamp"]), seed=st.integers(0, 10_000))
-def test_chunked_matches_reference_fp32(b, hkv, g, tk, dq, d, w, block, beyond, seed):
+       beyond=st.sampled_from(["zero", "clamp"]), seed=st.integers(0, 10_000),
+       n_cap=st.one_of(st.none(), st.integers(1, 24)))
+def test_chunked_matches_reference_fp32(b, hkv, g, tk, dq, d, w, block, beyond, seed, n_cap):
     tq = max(1, tk - dq)  # queries aligned to the end of the keys (prefill and cached decoding)
     xs = _inputs(b, hkv, g, tq, tk, d, w, seed, torch.float32)
-    ref = _run("reference", xs, bias_beyond=beyond)
-    got = _run("chunked", xs, bias_beyond=beyond, block=block)
+    ref = _run("reference", xs, bias_beyond=beyond, n_cap=n_cap)
+    got = _run("chunked", xs, bias_beyond=beyond, block=block, n_cap=n_cap)
     for name, r, c in zip(PARAMS, ref, got):
         assert torch.allclose(r, c, atol=1e-5, rtol=1e-5), f"{name}: max diff {(r - c).abs().max().item()}"
 
@@ -59,6 +60,29 @@ def test_rule_by_hand():
     out = lazy_attention(q, k, v, torch.tensor([0.5]), bias, impl="chunked", block=1)
     # row 0: p = 1, threshold 0.5 -> a = 0.5 on key 0; row 1: a = 1/4 on each key
     assert torch.allclose(out[0, 0], torch.tensor([[0.5, 0.0], [0.25, 0.25]]))
+
+
+def test_n_cap_holds_the_threshold_at_tau_over_the_cap():
+    """Zero scores: p = 1/n on every visible key. Uncapped (tau = 0.5) every row keeps 1/n - 0.5/n = 0.5/n per key;
+    with n_cap = 2 rows n >= 2 subtract 0.5/2, so rows past 2 tokens (p = 1/n <= 1/4 for n >= 4) are all zero."""
+    q, k = torch.zeros(1, 1, 6, 2), torch.randn(1, 1, 6, 2)
+    tau, bias = torch.tensor([0.5]), torch.zeros(1, 1)
+    a = elastic_weights(q, k, tau, bias)
+    n = torch.arange(1, 7.0)
+    assert torch.allclose(a[0, 0].sum(-1), 0.5 * torch.ones(6))
+    capped = elastic_weights(q, k, tau, bias, n_cap=2)
+    want = torch.clamp(1 / n - 0.5 / n.clamp(max=2), min=0) * n  # row sums
+    assert torch.allclose(capped[0, 0].sum(-1), want)
+    assert torch.count_nonzero(capped[0, 0, 3:]) == 0
+    with pytest.raises(ValueError, match="n_cap must be"):
+        elastic_weights(q, k, tau, bias, n_cap=0)
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+def test_gradcheck_float64_with_n_cap(impl):
+    xs = _inputs(1, 1, 2, 5, 6, 3, 4, seed=7, dtype=torch.float64, tau_lo=0.3, tau_hi=0.7)
+    fn = lambda *a: lazy_attention(*a, impl=impl, block=2, n_cap=3)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, xs, eps=1e-6, atol=1e-5)
 
 
 def test_uniform_row_with_tau_one_is_all_zero():

@@ -102,6 +102,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
         ("bench_64k.json", "### The 64K point (K=8, top-1; run separately for time)", bench_markdown,
          {"plot_link": "results/bench_64k.png"}, []),
+        ("bench_captured.json", "### Kernels at real routing: memberships the shipped adapter learned (most "
+         "imbalanced layer)", bench_markdown, {"plot_link": "results/bench_captured.png"}, []),
+        ("bench_zipf.json", "### Kernels at imbalanced routing: Zipf group sizes (one giant group)", bench_markdown,
+         {"plot_link": "results/bench_zipf.png"}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
         ("lab.json", None, lab_markdown, {}, ["lab.loss.png", "lab.attention.png"]),
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
@@ -203,6 +207,15 @@ def experiment_sections(d: Path, default: dict | None) -> list[str]:
         parts += [lora_comparison(default, loras), ""]
     else:
         parts.append("_Not yet measured (`lora_*.json` absent; `make lora`)._\n")
+    parts.append("## Benchmarks through lm-evaluation-harness (`focusattn eval`)\n")
+    evals = [_load(p) for p in sorted(d.glob("eval_*.json"))]
+    if evals:
+        from ..eval.lm_eval_bridge import render_markdown as eval_markdown
+        parts += ["Short contexts (< w: Focus equals full attention there) and long ones (> w: where routing "
+                  "decides) are separate tasks; `focus_passkey` asks for a number hidden in filler text.\n"]
+        parts += [eval_markdown(e) for e in evals]
+    else:
+        parts.append("_Not yet measured (`eval_*.json` absent; `focusattn eval --tasks offline`)._\n")
     parts.append("## Collapse ablation: softmax vs Sinkhorn, sequence vs causal routing (the paper's §5, Table 8)\n")
     if (d / "collapse.json").exists():
         doc = _load(d / "collapse.json")

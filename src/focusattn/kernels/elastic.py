@@ -7,6 +7,9 @@ For head ``h`` and a query at absolute position ``P`` (so ``n = P + 1`` visible 
     a_Pj  = max(0, p_Pj - tau_h / n)                 (no renormalisation: rows sum to <= 1 when tau >= 0)
     o_P   = sum_j a_Pj v_j
 
+``n_cap`` (None by default, the paper's rule) replaces ``n`` by ``min(n, n_cap)`` in the threshold: with ``n_cap`` =
+the training length a longer input keeps every threshold at a scale seen in training (the lab's extrapolation ablation).
+
 ``b_h(d)`` is ``bias[h, d]`` for ``0 <= d < W``; past the table it is 0 (``bias_beyond="zero"``, the dev code's
 default) or ``bias[h, W-1]`` (``"clamp"``, an older dev-code variant). Shapes follow :mod:`.reference`: ``q`` is
 ``[B, Hq, Tq, D]``, ``k``/``v`` are ``[B, Hkv, Tk, D]`` (GQA by ``Hq // Hkv``), queries are aligned to the end of the
@@ -36,7 +39,7 @@ IMPLS = ("reference", "chunked")
 BIAS_BEYOND = ("zero", "clamp")
 
 
-def _check(q, k, v, tau, bias, impl, bias_beyond, block):
+def _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap=None):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if bias_beyond not in BIAS_BEYOND:
@@ -61,6 +64,8 @@ def _check(q, k, v, tau, bias, impl, bias_beyond, block):
         raise ValueError(f"bias table width W must be >= 1, got W={bias.shape[1]}")
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive int, got {block!r}")
+    if n_cap is not None and (not isinstance(n_cap, int) or isinstance(n_cap, bool) or n_cap < 1):
+        raise ValueError(f"n_cap must be None or an integer >= 1, got {n_cap!r}")
     for name, t in (("q", q), ("k", k), ("v", v), ("tau", tau), ("bias", bias)):
         check_finite(name, t)
 
@@ -75,7 +80,13 @@ def distance_bias(bias: torch.Tensor, dist: torch.Tensor, bias_beyond: str = "ze
     return out
 
 
-def _reference(q, k, v, tau, bias, scale, bias_beyond):
+def _visible(tq, tk, n_cap, device, dtype):
+    """Visible keys per query (``P + 1``), capped at ``n_cap`` for the threshold."""
+    n = torch.arange(tk - tq + 1, tk + 1, device=device)
+    return (n if n_cap is None else n.clamp(max=n_cap)).to(dtype)
+
+
+def _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap=None):
     hq, tq = q.shape[1], q.shape[2]
     tk = k.shape[2]
     k, v = expand_kv(k, hq), expand_kv(v, hq)
@@ -84,7 +95,7 @@ def _reference(q, k, v, tau, bias, scale, bias_beyond):
     s = torch.matmul(q, k.transpose(-1, -2)) * scale + distance_bias(bias, dist, bias_beyond).to(q.dtype)
     s = s.masked_fill(~causal, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    n = torch.arange(tk - tq + 1, tk + 1, device=q.device).to(q.dtype)  # visible keys per query
+    n = _visible(tq, tk, n_cap, q.device, q.dtype)  # visible keys per query
     thr = tau.to(q.dtype)[:, None, None] / n[None, :, None]  # [H, Tq, 1]
     a = torch.relu(p - thr) * causal  # mask again: with tau < 0 the threshold is negative and p = 0 would survive
     return torch.matmul(a, v)
@@ -93,7 +104,7 @@ def _reference(q, k, v, tau, bias, scale, bias_beyond):
 class _Plan:
     """Block geometry shared by forward and backward (everything here is O(Tk * block))."""
 
-    def __init__(self, q, k, tau, bias, block, bias_beyond):
+    def __init__(self, q, k, tau, bias, block, bias_beyond, n_cap=None):
         b, hq, tq, d = q.shape
         hkv, tk = k.shape[1], k.shape[2]
         self.g = hq // hkv
@@ -113,7 +124,7 @@ class _Plan:
         # Slot w collects what has no table entry (beyond W under "zero", or above the diagonal): dropped at the end.
         slot = dist.clamp(0, self.w - 1) if bias_beyond == "clamp" else torch.where(dist < self.w, dist, self.w)
         self.slot = torch.where(dist < 0, self.w, slot).reshape(-1)
-        n = torch.arange(self.off + 1, tk + 1, device=dev, dtype=q.dtype)  # visible keys per query
+        n = _visible(tq, tk, n_cap, dev, q.dtype)  # visible keys per query
         self.inv_n = (1.0 / n).view(1, 1, 1, tq, 1)
         self.thr = (tau.detach().to(q.dtype).view(hkv, self.g, 1, 1) * self.inv_n[0])  # [Hkv, G, Tq, 1]
 
@@ -142,10 +153,10 @@ class _Plan:
 
 class _ChunkedLazy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, tau, bias, scale, block, bias_beyond):
+    def forward(ctx, q, k, v, tau, bias, scale, block, bias_beyond, n_cap):
         b, hq, tq, d = q.shape
         hkv = k.shape[1]
-        plan = _Plan(q, k, tau, bias, block, bias_beyond)
+        plan = _Plan(q, k, tau, bias, block, bias_beyond, n_cap)
         g = plan.g
         q5 = (q * scale).view(b, hkv, g, tq, d)
         k5, v5 = k.unsqueeze(2), v.unsqueeze(2)
@@ -165,16 +176,16 @@ class _ChunkedLazy(torch.autograd.Function):
             out[:, :, :, q0:] += torch.matmul(a, v5[:, :, :, j0:j1])
         if need_grad:
             ctx.save_for_backward(q, k, v, tau, bias, lse, y)
-            ctx.cfg = (scale, block, bias_beyond)
+            ctx.cfg = (scale, block, bias_beyond, n_cap)
         return out.view(b, hq, tq, -1)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, tau, bias, lse, y = ctx.saved_tensors
-        scale, block, bias_beyond = ctx.cfg
+        scale, block, bias_beyond, n_cap = ctx.cfg
         b, hq, tq, d = q.shape
         hkv = k.shape[1]
-        plan = _Plan(q, k, tau, bias, block, bias_beyond)
+        plan = _Plan(q, k, tau, bias, block, bias_beyond, n_cap)
         g = plan.g
         q5 = (q * scale).view(b, hkv, g, tq, d)
         k5, v5 = k.unsqueeze(2), v.unsqueeze(2)
@@ -209,7 +220,7 @@ class _ChunkedLazy(torch.autograd.Function):
             acc.index_add_(1, plan.slot, flat)
             dbias = acc[:, : plan.w].to(bias.dtype)
         dq = (dq * scale).view(b, hq, tq, d)
-        return dq, dk, dv, dtau.view(hq).to(tau.dtype), dbias, None, None, None
+        return dq, dk, dv, dtau.view(hq).to(tau.dtype), dbias, None, None, None, None
 
 
 def lazy_attention(
@@ -223,6 +234,7 @@ def lazy_attention(
     impl: str = "chunked",
     block: int = 64,
     bias_beyond: str = "zero",
+    n_cap: int | None = None,
 ) -> torch.Tensor:
     """Causal Elastic-Softmax attention (see module docstring). ``tau``: ``[Hq]``; ``bias``: ``[Hq, W]``, W >= 1.
 
@@ -231,15 +243,15 @@ def lazy_attention(
     multiplies masked values by 0). Both implementations agree to float rounding in outputs and in gradients of q, k, v,
     tau and bias; ``block`` (keys per block) only affects the chunked path's speed and memory.
     """
-    _check(q, k, v, tau, bias, impl, bias_beyond, block)
+    _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap)
     scale = default_scale(q.shape[-1], scale)
     if impl == "reference" or q.numel() == 0:  # no query: the reference's empty result (the blocks need Tk >= 1)
-        return _reference(q, k, v, tau, bias, scale, bias_beyond)
+        return _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap)
     if q.dtype in (torch.float16, torch.bfloat16):
         # The chunked path keeps a running log-sum-exp and thresholds p - tau/n, both too coarse in 16 bits.
         f = lambda t: t.float()  # noqa: E731
-        return _ChunkedLazy.apply(f(q), f(k), f(v), f(tau), f(bias), scale, block, bias_beyond).to(q.dtype)
-    return _ChunkedLazy.apply(q, k, v, tau, bias, scale, block, bias_beyond)
+        return _ChunkedLazy.apply(f(q), f(k), f(v), f(tau), f(bias), scale, block, bias_beyond, n_cap).to(q.dtype)
+    return _ChunkedLazy.apply(q, k, v, tau, bias, scale, block, bias_beyond, n_cap)
 
 
 def elastic_weights(
@@ -250,11 +262,12 @@ def elastic_weights(
     *,
     scale: float | None = None,
     bias_beyond: str = "zero",
+    n_cap: int | None = None,
 ) -> torch.Tensor:
     """The dense ``[B, Hq, Tq, Tk]`` weights ``a`` (zeros above the diagonal), for diagnostics on short inputs."""
-    _check(q, k, k, tau, bias, "reference", bias_beyond, 1)
+    _check(q, k, k, tau, bias, "reference", bias_beyond, 1, n_cap)
     tk = k.shape[2]
     scale = default_scale(q.shape[-1], scale)
     eye = torch.eye(tk, dtype=q.dtype, device=q.device).expand(q.shape[0], k.shape[1], tk, tk)
     # a @ I = a: reuse the oracle rather than restating the rule.
-    return _reference(q, k, eye, tau, bias, scale, bias_beyond)
+    return _reference(q, k, eye, tau, bias, scale, bias_beyond, n_cap)

@@ -55,11 +55,12 @@ class LazyAttention(nn.Module):
         q, k, v = self._qkv(x)
         tau, table = self.tau.to(q.dtype), self.bias().to(q.dtype)
         o = lazy_attention(q, k, v, tau, table, impl=self.cfg.impl, block=self.cfg.block,
-                           bias_beyond=self.cfg.bias_beyond)
+                           bias_beyond=self.cfg.bias_beyond, n_cap=self.cfg.threshold_len)
         return self.o_proj(o.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
     @torch.no_grad()
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Dense Elastic-Softmax weights ``[B, H, T, T]`` (diagnostics; O(T^2) memory)."""
         q, k, _ = self._qkv(x)
-        return elastic_weights(q, k, self.tau.to(q.dtype), self.bias().to(q.dtype), bias_beyond=self.cfg.bias_beyond)
+        return elastic_weights(q, k, self.tau.to(q.dtype), self.bias().to(q.dtype), bias_beyond=self.cfg.bias_beyond,
+                               n_cap=self.cfg.threshold_len)

@@ -29,6 +29,9 @@ class LazyConfig:
         the paper's unconstrained tau. A negative tau adds ``|tau|/n`` to every visible key, rows then sum to
         ``1 + |tau|`` and nothing is zero (reviewer R4's point: learned offsets turned negative and *added* mass),
         which defeats the purpose of thresholding; softplus keeps the threshold >= 0 and smooth.
+    threshold_len: None (default, the paper) or a length L: the threshold is ``tau / min(n_i, L)``, so inputs longer
+        than L keep thresholds at the scale of an L-token context (the lab's extrapolation ablation sets it to the
+        training length at evaluation time).
     tau_init: initial tau (1.0: threshold = the uniform weight 1/n, the paper's best Table 2 setting).
     impl, block: kernel choice (``"chunked"`` never builds a T x T tensor; ``"reference"`` is the dense oracle, equal
         within float rounding) and the chunked path's key-block size (``focusattn bench-lazy --block`` measures others).
@@ -45,6 +48,7 @@ class LazyConfig:
     bias_beyond: str = "zero"
     tau_mode: str = "nonneg"
     tau_init: float = 1.0
+    threshold_len: int | None = None
     impl: str = "chunked"
     block: int = 64
 
@@ -73,6 +77,8 @@ class LazyConfig:
             bad("tau_mode", TAU_MODES)
         if self.tau_mode == "nonneg" and not self.tau_init > 0:
             bad("tau_init", "a float > 0 when tau_mode='nonneg' (softplus cannot reach 0)")
+        if self.threshold_len is not None and (not isinstance(self.threshold_len, int) or self.threshold_len < 1):
+            bad("threshold_len", "None or an integer >= 1")
         if self.impl not in IMPLS:
             bad("impl", IMPLS)
         if not isinstance(self.block, int) or self.block < 1:

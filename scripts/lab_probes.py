@@ -1,0 +1,51 @@
+"""The lab's open Lazy findings, measured (issue: extrapolation, the first-query question). Trains the four
+one-factor variants with `focusattn compare` (preset lab-long, ~6 min a run on 1 core; finished runs are reused),
+then evaluates them at 1x/2x/4x length on Shakespeare (held-out works) and Lee news (another kind of text), with the
+evaluation-time interventions of focusattn.gpt.probes, and the empty-row probe. Writes docs/results/lab.probes.json.
+
+    PYTHONPATH=src python scripts/lab_probes.py --seeds 1 --out runs/lab-probes
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from focusattn import _io
+from focusattn.gpt.compare import run_compare
+from focusattn.gpt.config import get_preset
+from focusattn.gpt.data import load_data
+from focusattn.gpt.probes import empty_rows_probe, extrapolation, load_run, render_markdown
+
+VARIANTS = ("standard", "elastic-only", "lazy-no-bias", "lazy")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--preset", default="lab-long")
+    p.add_argument("--windows", type=int, default=8)
+    p.add_argument("--out", default="runs/lab-probes")
+    p.add_argument("--json", default="docs/results/lab.probes.json")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    run_compare(list(VARIANTS), a.seeds, a.preset, a.out, threads=1, progress=False,
+                command=f"focusattn compare --attention {','.join(VARIANTS)} --seeds {a.seeds} --preset {a.preset} "
+                        f"--out {a.out} --threads 1")
+    datas = {"shakespeare": load_data("shakespeare"), "lee-news": load_data("lee-news")}
+    extra, empty = [], {v: [] for v in VARIANTS}
+    for s in range(a.seeds):
+        models = {v: load_run(Path(a.out) / v / f"seed{s}") for v in VARIANTS}
+        extra += [{**r, "seed": s} for r in extrapolation(models, datas, a.windows)]
+        for v, rec in empty_rows_probe(models, datas["shakespeare"], a.windows).items():
+            empty[v].append(rec)
+    mcfg, _ = get_preset(a.preset, "lazy")
+    doc = {"command": "PYTHONPATH=src python scripts/lab_probes.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "preset": a.preset, "block_size": mcfg.block_size, "seeds": list(range(a.seeds)), "windows": a.windows,
+           "variants": list(VARIANTS), "extrapolation": extra, "empty_rows": empty}
+    _io.write_json(a.json, doc)
+    print(render_markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
