@@ -1,6 +1,7 @@
 """Atomic file writes: a crash never leaves a half-written file (write to a temp file, then rename)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -61,6 +62,27 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every record of a JSON-lines file (blank lines skipped); a corrupt line is a ValueError naming file and line."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {i + 1}: corrupt JSON ({e})") from e
+    return rows
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks (checkpoints and adapters are verified with it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def pyplot():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .._io import pyplot, write_json
+from .._io import pyplot, read_jsonl, write_json
 from .report import _f
 
 SHARE_KEY = "largest_share"  # what train/retrofit.py logs per step, one value per layer
@@ -31,13 +31,7 @@ def _read_run(name: str, run: str | Path, every: int) -> dict:
     s = json.loads((d / "summary.json").read_text())
     if s.get("method", "focus") != "focus":
         raise ValueError(f"run folder {d} ({name}) is a {s['method']} run: the collapse ablation needs Focus runs")
-    recs = []
-    for i, line in enumerate((d / "metrics.jsonl").read_text().splitlines()):
-        if line.strip():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{d}/metrics.jsonl line {i + 1}: corrupt JSON ({e})") from e
+    recs = read_jsonl(d / "metrics.jsonl")
     recs = [r for r in recs if isinstance(r.get(SHARE_KEY), list) and None not in r[SHARE_KEY]]
     if not recs:
         raise ValueError(f"{d}/metrics.jsonl has no per-layer '{SHARE_KEY}' records (written by "

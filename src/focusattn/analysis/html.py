@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from .._io import write_text
+from .._io import read_jsonl, write_text
 
 PRODUCERS = {
     "summary.json": "focusattn retrofit --out {run}",
@@ -72,14 +72,7 @@ def load_run(path: str | Path) -> dict:
         if (d / fname).is_file():
             run[fname.split(".")[0]] = _read_json(d / fname)
     if (d / "metrics.jsonl").is_file():
-        rows = []
-        for i, line in enumerate((d / "metrics.jsonl").read_text().splitlines()):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{d}/metrics.jsonl line {i + 1}: corrupt JSON ({e})") from e
-        run["metrics"] = rows
+        run["metrics"] = read_jsonl(d / "metrics.jsonl")
     if "summary" not in run and "eval" not in run:
         raise ValueError(f"run folder {d}: missing summary.json (written by `{PRODUCERS['summary.json'].format(run=d)}`)"
                          f" and eval.json (written by `{PRODUCERS['eval.json'].format(run=d)}`); a report needs one")

@@ -23,7 +23,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from .. import __version__
-from .._io import atomic_path, write_json
+from .._io import atomic_path, sha256_file, write_json
 from ..focus.config import FocusConfig
 from .compose import compose, focus_config, is_composed, routers, unload
 
@@ -41,12 +41,6 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _base_id(model) -> str:
@@ -65,16 +59,21 @@ def adapter_state(model) -> dict[str, torch.Tensor]:
     return {key: t.detach().cpu().contiguous() for key, t in _router_tensors(model)}
 
 
-def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str = "adapter") -> None:
-    """Copy router tensors into a composed model; any missing, unexpected, mis-shaped or wrongly typed key (a float
-    where an integer/bool belongs or the reverse), and any non-finite value, is an error naming ``source``."""
-    expected = dict(_router_tensors(model))
+def check_state_fits(expected: dict, tensors: dict, source: str) -> None:
+    """The same keys and shapes as ``expected``, or a ValueError naming ``source`` and the first offenders."""
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     shapes = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
     if missing or unexpected or shapes:
         raise ValueError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
                          f"mis-shaped {shapes[:3]}")
+
+
+def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str = "adapter") -> None:
+    """Copy router tensors into a composed model; any missing, unexpected, mis-shaped or wrongly typed key (a float
+    where an integer/bool belongs or the reverse), and any non-finite value, is an error naming ``source``."""
+    expected = dict(_router_tensors(model))
+    check_state_fits(expected, tensors, source)
     dtypes = sorted(k for k, t in expected.items() if t.is_floating_point() != tensors[k].is_floating_point())
     if dtypes:
         raise ValueError(f"{source}: wrong dtype for {dtypes[:3]} (e.g. {tensors[dtypes[0]].dtype} where the model "

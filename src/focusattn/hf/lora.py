@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .io import check_state_fits
 from .specs import spec_for
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -60,13 +61,7 @@ def lora_state(model) -> dict[str, torch.Tensor]:
 def load_lora_state(model, tensors: dict[str, torch.Tensor], *, source: str = "LoRA state") -> None:
     """Put LoRA tensors back (a resumed run); any missing, unexpected or mis-shaped key is an error."""
     peft = _peft()
-    expected = lora_state(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    shapes = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
-    if missing or unexpected or shapes:
-        raise ValueError(f"{source} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
-                         f"mis-shaped {shapes[:3]}")
+    check_state_fits(lora_state(model), tensors, source)
     peft.set_peft_model_state_dict(model, tensors)
 
 

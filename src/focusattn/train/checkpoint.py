@@ -10,25 +10,19 @@ is an error naming the file, never a partial load.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import torch
 
-from .._io import atomic_path, write_json
+from .._io import atomic_path, sha256_file, write_json
 
 RECORD = "checkpoint.json"
 LEGACY = "checkpoint.pt"  # single-file checkpoints of earlier versions (no record, no checksum): refused
 
 
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256 = sha256_file
 
 
 def _spec(t: torch.Tensor) -> list:
