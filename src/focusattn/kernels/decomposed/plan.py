@@ -187,7 +187,38 @@ def tile_rows(t: int) -> int:
     return max(MIN_TILE, -(-t // TILE_FRACTION))
 
 
+def _token_major(xb: torch.Tensor) -> bool:
+    """``xb`` [H, T, ...] stored token by token (a [T, H, ...] tensor seen through ``transpose``: the layout the
+    Hugging Face attention modules hand over, and the one the accumulators use)."""
+    return xb.dim() >= 2 and xb.shape[0] > 1 and xb.stride(1) > xb.stride(0)
+
+
+def take_rows(x: torch.Tensor, b: int, idx: torch.Tensor) -> torch.Tensor:
+    """``x[b][:, idx]`` ([H, n, ...]). On token-major memory whole token rows are gathered (16x faster at 8K tokens
+    than an element-strided gather); the result is then a strided view, which the fused op and matmul accept."""
+    xb = x[b]
+    if _token_major(xb):
+        return xb.transpose(0, 1).index_select(0, idx).transpose(0, 1)
+    return xb.index_select(1, idx)
+
+
+def put_rows_(x: torch.Tensor, b: int, idx: torch.Tensor, src: torch.Tensor) -> None:
+    """``x[b][:, idx] = src`` in place, by whole token rows on token-major memory (see :func:`take_rows`)."""
+    xb = x[b]
+    if _token_major(xb):
+        xb.transpose(0, 1).index_copy_(0, idx, src.transpose(0, 1))
+    else:
+        xb.index_copy_(1, idx, src)
+
+
+def token_major_zeros(p: Problem, *shape) -> torch.Tensor:
+    """An accumulator ``[B, H, T, ...]`` (float32; float64 for float64 inputs) stored token-major: rows are put
+    whole, and the caller's ``transpose(1, 2)`` back to ``[B, T, H, D]`` needs no copy."""
+    b, h, t, *rest = shape
+    return p.zeros(b, t, h, *rest).transpose(1, 2)
+
+
 def gather(x: torch.Tensor, plan: GroupPlan, r0: int = 0, r1: int | None = None) -> torch.Tensor:
-    """``[1, H, r1 - r0, D]`` rows ``r0:r1`` of the part, contiguous (what the fused kernels want)."""
+    """``[1, H, r1 - r0, D]`` rows ``r0:r1`` of the part (a strided view when ``x`` is token-major)."""
     idx = plan.idx if (r0 == 0 and r1 is None) else plan.idx[r0:r1]
-    return x[plan.b].index_select(1, idx).unsqueeze(0)
+    return take_rows(x, plan.b, idx).unsqueeze(0)

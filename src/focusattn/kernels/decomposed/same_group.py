@@ -15,7 +15,7 @@ import torch
 from ..lse import acc, merge_pair
 from .chunk import block_attn_bwd, block_attn_fwd
 from .fused import cpu_flash_bwd, cpu_flash_fwd, flash_rows
-from .plan import GroupPlan, Grads, Problem, gather, group_mask, row_chunk, tile_rows
+from .plan import GroupPlan, Grads, Problem, gather, group_mask, row_chunk, take_rows, tile_rows
 
 
 def forward_tiles(p: Problem, plan: GroupPlan):
@@ -61,7 +61,7 @@ def _fwd_generic(p: Problem, plan: GroupPlan):
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        qt = gather(p.q, plan, r0, r1).view(1, hkv, hq // hkv, r1 - r0, d)
+        qt = gather(p.q, plan, r0, r1).reshape(1, hkv, hq // hkv, r1 - r0, d)
         o, lse = block_attn_fwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap)
         yield r0, r1, o.reshape(1, hq, r1 - r0, d), lse.reshape(1, hq, r1 - r0)
 
@@ -69,9 +69,9 @@ def _fwd_generic(p: Problem, plan: GroupPlan):
 def forward_varlen(p: Problem, plans: list[GroupPlan], fn):
     """All (unmasked) sub-problems in one packed flash-attn varlen call; returns a list aligned with plans."""
     q, k, v = p.q, p.k, p.v
-    qs = torch.cat([q[x.b].index_select(1, x.idx).transpose(0, 1) for x in plans])  # [total, Hq, D]
-    ks = torch.cat([k[x.b].index_select(1, x.idx).transpose(0, 1) for x in plans])
-    vs = torch.cat([v[x.b].index_select(1, x.idx).transpose(0, 1) for x in plans])
+    qs = torch.cat([take_rows(q, x.b, x.idx).transpose(0, 1) for x in plans])  # [total, Hq, D]
+    ks = torch.cat([take_rows(k, x.b, x.idx).transpose(0, 1) for x in plans])
+    vs = torch.cat([take_rows(v, x.b, x.idx).transpose(0, 1) for x in plans])
     lens = [len(x.idx) for x in plans]
     cu = torch.tensor([0] + lens, device=q.device).cumsum(0).to(torch.int32)
     extra = {"softcap": p.softcap} if p.softcap is not None else {}
@@ -91,10 +91,10 @@ def forward_varlen(p: Problem, plans: list[GroupPlan], fn):
 def _rows(g: Grads, plan: GroupPlan, r0: int, r1: int):
     """The backward's per-row inputs for rows ``r0:r1`` of the part: ``dO``, merged ``O``, ``L`` and ``dL``."""
     idx, b = plan.idx[r0:r1], plan.b
-    do = g.do[b].index_select(1, idx).unsqueeze(0)
-    o = g.o[b].index_select(1, idx).unsqueeze(0)
-    lse = g.lse[b].index_select(1, idx).unsqueeze(0)
-    dlse = None if g.dlse is None else g.dlse[b].index_select(1, idx).unsqueeze(0)
+    do = take_rows(g.do, b, idx).unsqueeze(0)
+    o = take_rows(g.o, b, idx).unsqueeze(0)
+    lse = take_rows(g.lse, b, idx).unsqueeze(0)
+    dlse = None if g.dlse is None else take_rows(g.dlse, b, idx).unsqueeze(0)
     return do, o, lse, dlse
 
 
@@ -151,10 +151,10 @@ def _bwd_generic(p: Problem, plan: GroupPlan, g: Grads) -> None:
         m = r1 - r0
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
         do, o, lse, dlse = _rows(g, plan, r0, r1)
-        qt = gather(p.q, plan, r0, r1).view(1, hkv, gs, m, d)
+        qt = gather(p.q, plan, r0, r1).reshape(1, hkv, gs, m, d)
         gq, gk, gv = block_attn_bwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap,
-                                    do.view(1, hkv, gs, m, d), o.view(1, hkv, gs, m, d), lse.view(1, hkv, gs, m),
-                                    None if dlse is None else dlse.view(1, hkv, gs, m))
+                                    do.reshape(1, hkv, gs, m, d), o.reshape(1, hkv, gs, m, d), lse.reshape(1, hkv, gs, m),
+                                    None if dlse is None else dlse.reshape(1, hkv, gs, m))
         _add(g.dq, plan, r0, r1, gq)
         gk_p[:, :, :r1] += gk
         gv_p[:, :, :r1] += gv
