@@ -33,7 +33,7 @@ from .decode import focus_decode_attention
 from .common import sink_key_mask
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
-from .lse import acc, merge_pair
+from .lse import acc, acc_dtype, merge_pair, merge_signed_
 from .reference import dense_focus_attention
 from .sink import sink_partial
 from .validation import empty_focus_result, validate_focus_inputs
@@ -70,7 +70,10 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
     if sink > 0:
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
-        out, lse = merge_pair(out, lse, o2, l2)
+        if not needs_grad and out.dtype == lse.dtype == acc_dtype(q.dtype):
+            merge_signed_(out, lse, o2, l2)  # inference: in place into the kernel's own fresh buffers (no copies)
+        else:
+            out, lse = merge_pair(out, lse, o2, l2)
         out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 
