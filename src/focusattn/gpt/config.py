@@ -164,12 +164,12 @@ PRESETS: dict[str, Preset] = {
                         "(1/16) by construction"),
     "passkey": Preset(ModelConfig(n_layer=2, n_head=4, d_model=64, block_size=128, window=16, focus_groups=2,
                                   focus_group_dim=8),
-                      TrainConfig(batch_size=32, steps=300, lr=3e-3, warmup=30, log_interval=25, eval_interval=50,
-                                  eval_windows=64, checkpoint_every=50),
+                      TrainConfig(batch_size=32, steps=1500, lr=3e-3, warmup=30, log_interval=50, eval_interval=250,
+                                  eval_windows=64, checkpoint_every=250),
                       note="for --data passkey (5 digits, min_gap 32, T=128): each answer digit is >= 90 tokens after "
                            "the needle digit it copies; 2 stacked sliding windows of 16 keys reach 2 x 15 = 30 tokens, "
-                           "so sliding is at chance (1/10) by construction. Not yet shown learnable here: a probe of "
-                           "the standard model (2 heads, min_gap 16) was still at chance after 225 steps"),
+                           "so sliding is at chance (1/10) by construction. The standard model needs the steps: at "
+                           "chance until ~150, 37% at 500, 68% per digit at 1500 (3.5 min on 1 core, seed 0)"),
     # nanoGPT's shakespeare-char shape, for a machine with an accelerator.
     "small": Preset(ModelConfig(n_layer=6, n_head=6, d_model=384, block_size=256, window=64),
                     TrainConfig(batch_size=64, steps=5000, lr=1e-3, warmup=100, eval_interval=250, eval_windows=64,
