@@ -52,7 +52,7 @@ def test_rope_base_defaults_and_override():
 def test_unknown_names_list_valid_ones():
     with pytest.raises(ValueError, match="valid: standard, lazy, lazy-no-bias, elastic-only, focus, sliding"):
         get_preset("tiny", "linear")
-    with pytest.raises(ValueError, match="unknown preset 'huge'; valid: tiny, lab, lab-long, mqar, passkey, small"):
+    with pytest.raises(ValueError, match="unknown preset 'huge'; valid: tiny, lab, lab-long, lab-sink, mqar, passkey, small"):
         get_preset("huge", "lazy")
 
 

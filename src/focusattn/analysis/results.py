@@ -56,6 +56,11 @@ def retrofit_comparison(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def probes_markdown(doc: dict) -> str:
+    from ..gpt.probes import render_markdown
+    return render_markdown(doc)
+
+
 def write_results(results_dir: str | Path, out: str | Path) -> Path:
     d = Path(results_dir)
     if not d.is_dir():
@@ -111,6 +116,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
         ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
          lab_markdown, {}, ["lab.long.loss.png", "lab.long.attention.png"]),
+        ("lab.sink.json", "### Lab at T = 512 (`lab-sink`): does the standard model grow a sink at a longer context?",
+         lab_markdown, {}, []),
+        ("lab.probes.json", "### Lab probes: why Lazy extrapolates worse, and whether empty rows hurt",
+         probes_markdown, {}, []),
         ("lab.mqar.json", "### Lab task: multi-query associative recall (`--data mqar`, preset `mqar`)", lab_markdown, {},
          ["lab.mqar.loss.png"]),
         ("lab.passkey.json", "### Lab task: passkey retrieval in real text (`--data passkey`, preset `passkey`)",

@@ -154,6 +154,11 @@ PRESETS: dict[str, Preset] = {
                        TrainConfig(batch_size=16, steps=2000, lr=3e-3, warmup=50, eval_interval=250, eval_windows=24,
                                    checkpoint_every=250),
                        note="preset lab with 2000 steps (~4M tokens)"),
+    # A longer context for the sink question: does the standard model park attention on the first token at T=512?
+    "lab-sink": Preset(ModelConfig(n_layer=4, n_head=4, d_model=128, block_size=512, window=64),
+                       TrainConfig(batch_size=8, steps=600, lr=3e-3, warmup=50, eval_interval=200, eval_windows=8,
+                                   checkpoint_every=100),
+                       note="lab model at T=512: 600 steps of 8 x 512 bytes (~2.5M tokens), ~15 min a run on 1 core"),
     # Long-range tasks (gpt/tasks.py), sized for a few minutes a run on a shared CPU.
     "mqar": Preset(ModelConfig(n_layer=2, n_head=2, d_model=64, block_size=32, window=8, focus_groups=2,
                                focus_group_dim=8),
