@@ -26,9 +26,14 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     n = int(sink_keys.sum(-1).max())
     if sink_keys.shape[0] != b:
         sink_keys = sink_keys.expand(b, -1)
-    # indices of each row's sink keys, padded with the last index (masked below)
-    order = torch.argsort((~sink_keys).to(torch.int8), dim=-1, stable=True)[:, :n]  # [B, n]
-    valid = sink_keys.gather(1, order)  # [B, n]
+    # indices of each row's sink keys, padded with the last index (masked below): O(Tk) by rank, no sort (this runs
+    # on every layer of every decode step)
+    rank = sink_keys.long().cumsum(-1) - 1  # [B, Tk]
+    bi, ti = (sink_keys & (rank < n)).nonzero(as_tuple=True)
+    order = torch.full((b, n), tk - 1, dtype=torch.long, device=q.device)
+    valid = torch.zeros((b, n), dtype=torch.bool, device=q.device)
+    order[bi, rank[bi, ti]] = ti
+    valid[bi, rank[bi, ti]] = True
     # gather the n sink keys first, then repeat for GQA: O(n), not a copy of all Tk keys (a decode step per layer)
     idx = order[:, None, :, None].expand(b, k.shape[1], n, d)
     ks, vs = expand_kv(k.gather(2, idx), hq), expand_kv(v.gather(2, idx), hq)
@@ -37,7 +42,7 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     dist = qpos[None, :, None] - order[:, None, :]  # [B, Tq, n]
     mq = membership[:, tk - tq:].float()  # [B, Tq, K]
     mk = membership.gather(1, order[..., None].expand(b, n, membership.shape[-1])).float()  # [B, n, K]
-    shared = torch.einsum("bik,bjk->bij", mq, mk) > 0
+    shared = torch.matmul(mq, mk.transpose(1, 2)) > 0  # [B, Tq, n]
     extra = (dist > window) & ~shared & valid[:, None, :]  # sink pairs the Focus mask misses (dist > window >= 0)
     s = s.masked_fill(~extra[:, None], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
