@@ -39,10 +39,22 @@ test-dist: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -m ""
 
-# Kernel speed (~11 min on 2 cores; add --lengths ... 65536 where time allows) and the Lazy kernel (~2 min).
+# Kernel speed at random balanced routing (~13 min on 1 core), at the routing the shipped adapter learned and at
+# Zipf-imbalanced routing (~3 min each), the Lazy kernel (~2 min); then RESULTS. Add --lengths ... 65536 where time allows.
+ROUTING_FILE := docs/results/data/routing-smollm2-135m-focus-k8.safetensors
 bench: $(STAMP)
 	$(VENV)/bin/focusattn bench --out $(RUNS)/bench --lengths 1024 4096 16384 32768 --repeats 2 --flex-groups 8 --threads 1
+	$(VENV)/bin/focusattn bench --out $(RUNS)/bench-captured --routing captured --routing-file $(ROUTING_FILE) \
+		--groups 8 --top-k 1 2 --lengths 1024 2048 4096 --repeats 3 --no-flex --decode-len 0 --threads 1
+	$(VENV)/bin/focusattn bench --out $(RUNS)/bench-zipf --routing zipf --groups 8 16 --top-k 1 2 \
+		--lengths 4096 16384 --repeats 2 --no-flex --decode-len 0 --threads 1
 	$(VENV)/bin/focusattn bench-lazy --out $(RUNS)/bench-lazy --threads 1
+	mkdir -p docs/results
+	cp $(RUNS)/bench/bench.json $(RUNS)/bench/bench.png docs/results/
+	for r in captured zipf; do cp $(RUNS)/bench-$$r/bench.json docs/results/bench_$$r.json; \
+		cp $(RUNS)/bench-$$r/bench.png docs/results/bench_$$r.png; done
+	cp $(RUNS)/bench-lazy/lazy_bench.json $(RUNS)/bench-lazy/lazy_bench.png docs/results/
+	$(MAKE) results
 
 # The retrofit's open decisions, measured on one budget (the demo's), then RESULTS.md. ~15 min per run here.
 EXP_RUNS := default paper_mask mult_paper mult_offset sequence
