@@ -57,9 +57,9 @@ class Band:
 
     def chunks(self, bsz, hq):
         """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/TILE_FRACTION`` of the sequence (so the
-        chunk's temporaries stay a small fraction of the output at every T)."""
+        chunk's temporaries stay a small fraction of the output at every T), but ``MIN_BAND_ROWS`` rows at least."""
         step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
-                          -(-self.nb // _plan.TILE_FRACTION)))
+                          max(-(-self.nb // _plan.TILE_FRACTION), _plan.MIN_BAND_ROWS // self.c)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 
