@@ -77,6 +77,7 @@ def _forward(p: Problem, plans, varlen_fn=None):
                 idx = x.idx[r0:r1]
                 put_rows_(o_acc, x.b, idx, o_p[0].to(o_acc.dtype))
                 put_rows_(l_acc, x.b, idx, l_p[0].to(l_acc.dtype))
+                del o_p, l_p  # not alive during the next part or the band (peak memory)
                 continue
             for s0 in range(0, r1 - r0, MERGE_ROWS):  # gathered rows: a fraction of a tile, not a tile
                 s1 = min(r1 - r0, s0 + MERGE_ROWS)
