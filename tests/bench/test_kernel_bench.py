@@ -104,3 +104,15 @@ def test_decode_only_merges_into_existing_json(tmp_path, capsys):
     assert (f"| {r['malloc']} | focus_decode_indexed | 4 | 2 | {r['keys_attended']} | {r['median_s'] * 1e3:.2f} | "
              f"{r['ratio_vs_sdpa']:.2f}× | {r['cpu_median_s'] * 1e3:.2f} |") in md
     assert dec["command"] in md
+
+
+def test_half_precision_bench_records_dtype_and_stays_close_to_dense(tmp_path):
+    out = tmp_path / "bf16"
+    assert main(["bench", "--out", str(out), "--quick", "--lengths", "128", "--groups", "4", "--top-k", "1",
+                 "--decode-len", "0", "--no-flex", "--dtype", "bfloat16", "--threads", "1"]) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["config"]["dtype"] == "bfloat16"
+    dec = [r for r in doc["results"] if r["backend"] == "decomposed"]
+    # decomposed accumulates in float32; the dense reference runs in bfloat16 (8 mantissa bits): ~1e-2 apart
+    assert dec and all(r["max_abs_diff"] <= 5e-2 for r in dec)
+    assert "bfloat16" in render_markdown(doc)

@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (use 1 on a shared machine; default: torch's setting)")
     p.add_argument("--no-flex", action="store_true", help="skip the FlexAttention comparison")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="input dtype of every backend (decomposed accumulates in float32)")
     p.add_argument("--flex-groups", nargs="+", default=None, help="run flex only for these K (default: all)")
     p.add_argument("--routing", choices=ROUTINGS, default="random",
                    help="memberships: random (balanced), zipf (imbalanced sizes), captured (--routing-file)")
@@ -91,7 +93,7 @@ def _handler(args) -> int:
     doc = run_kernel_bench(args.out, quick=args.quick, window=args.window, repeats=args.repeats,
                            decode_len=args.decode_len, decode_repeats=args.decode_repeats, flex=not args.no_flex,
                            threads=args.threads, command=command, routing=args.routing, zipf_s=args.zipf_s,
-                           routing_file=args.routing_file, routing_layer=args.routing_layer,
+                           routing_file=args.routing_file, routing_layer=args.routing_layer, dtype=args.dtype,
                            memory_backward=args.memory_backward, **kw)
     print(render_markdown(doc))
     print(f"wrote {args.out}/bench.json and {args.out}/bench.png")

@@ -79,17 +79,23 @@ def _fwd_bwd_memory(probe, q, k, v, membs, window) -> dict:
     return res
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 @frozen_heap
 def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), groups=(4, 8, 16), top_ks=(1, 2),
                      window=128, heads=9, kv_heads=3, head_dim=64, repeats=3, quick=False, dense_max_len=4096,
                      flex=True, flex_groups=None, flex_compile=True, decode_len=32768, decode_repeats=20, seed=0,
                      threads=None, command=None, progress=True, routing="random", zipf_s=1.0, routing_file=None,
-                     routing_layer=None, memory_backward=False) -> dict:
+                     routing_layer=None, memory_backward=False, dtype="float32") -> dict:
     """Time forward attention and write ``bench.json`` + ``bench.png`` into ``out_dir``; returns the JSON dict.
 
     ``quick``: tiny lengths, 2 repeats, eager flex (no compile), small decode — a smoke run for tests and CI.
     ``flex_groups``: run flex only for these K (compiled flex costs about full attention here, as random routing
     leaves no 128x128 block empty, so it dominates the wall clock); None = every K.
+    ``dtype``: ``"float32"``, ``"bfloat16"`` or ``"float16"`` inputs (every backend gets the same tensors; the
+    decomposed engine accumulates in float32 and the max-abs-diff column compares it with the dense reference run
+    in that dtype).
     ``threads``: torch intra-op threads for the run (None = leave as is). On a machine shared with other jobs use 1:
     with more OpenMP threads than free cores every parallel op can stall for a scheduler slice, which penalises
     kernels made of many ops far more than one big fused call.
@@ -105,6 +111,9 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
         raise ValueError("need at least one length and one (groups, top_k) pair with top_k <= groups")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
+    tdtype = DTYPES[dtype]
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
     captured, capture_meta = None, None
@@ -137,17 +146,17 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
     results = []
 
     # warm the fused SDPA/flash ops once on a small shape, so no length pays one-time initialisation
-    wq = torch.randn(1, heads, 128, head_dim)
-    wk = torch.randn(1, kv_heads, 128, head_dim)
+    wq = torch.randn(1, heads, 128, head_dim).to(tdtype)
+    wk = torch.randn(1, kv_heads, 128, head_dim).to(tdtype)
     with torch.no_grad():
         F.scaled_dot_product_attention(wq, wk, wk, is_causal=True, enable_gqa=True)
         decomposed_focus_attention(wq, wk, wk, random_membership(128, 2, 1, seed), 8)
 
     bar = tqdm(total=len(lengths) * (repeats + 1) + 1, desc="kernel bench", disable=not progress)
     for t in lengths:
-        q = torch.randn(1, heads, t, head_dim, generator=gen)
-        k = torch.randn(1, kv_heads, t, head_dim, generator=gen)
-        v = torch.randn(1, kv_heads, t, head_dim, generator=gen)
+        q = torch.randn(1, heads, t, head_dim, generator=gen).to(tdtype)
+        k = torch.randn(1, kv_heads, t, head_dim, generator=gen).to(tdtype)
+        v = torch.randn(1, kv_heads, t, head_dim, generator=gen).to(tdtype)
         fns, meta, membs = {}, {}, {}
         fns[("sdpa", None, None)] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         for kk, tk in configs:
@@ -223,7 +232,7 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
                 for ref_name in ("dense", "flex"):
                     ref = outputs.get((ref_name, kk, tk))
                     if ref is not None:
-                        rec["max_abs_diff"] = float((outputs[key] - ref).abs().max())
+                        rec["max_abs_diff"] = float((outputs[key].float() - ref.float()).abs().max())
                         rec["diff_reference"] = ref_name
                         break
             results.append(rec)
@@ -240,7 +249,7 @@ def run_kernel_bench(out_dir, *, lengths=(1024, 4096, 16384, 32768, 65536), grou
         "command": command,
         "config": {"lengths": list(lengths), "groups": sorted({c[0] for c in configs}),
                    "top_ks": sorted({c[1] for c in configs}), "window": window, "heads": heads,
-                   "kv_heads": kv_heads, "head_dim": head_dim, "batch": 1, "dtype": "float32", "repeats": repeats,
+                   "kv_heads": kv_heads, "head_dim": head_dim, "batch": 1, "dtype": dtype, "repeats": repeats,
                    "quick": quick, "dense_max_len": dense_max_len, "flex": flex,
                    "flex_groups": None if flex_groups is None else sorted(flex_groups),
                    "flex_mode": ("compiled" if flex_compile else "eager") if flex else None, "seed": seed,
