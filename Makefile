@@ -48,10 +48,12 @@ bench: $(STAMP)
 		--groups 8 --top-k 1 2 --lengths 1024 2048 4096 --repeats 3 --no-flex --decode-len 0 --threads 1
 	$(VENV)/bin/focusattn bench --out $(RUNS)/bench-zipf --routing zipf --groups 8 16 --top-k 1 2 \
 		--lengths 4096 16384 --repeats 2 --no-flex --decode-len 0 --threads 1
+	for dt in bfloat16 float16; do $(VENV)/bin/focusattn bench --out $(RUNS)/bench-$$dt --dtype $$dt --groups 8 \
+		--top-k 1 2 --lengths 4096 16384 --repeats 2 --no-flex --decode-len 0 --threads 1 || exit 1; done
 	$(VENV)/bin/focusattn bench-lazy --out $(RUNS)/bench-lazy --threads 1
 	mkdir -p docs/results
 	cp $(RUNS)/bench/bench.json $(RUNS)/bench/bench.png docs/results/
-	for r in captured zipf; do cp $(RUNS)/bench-$$r/bench.json docs/results/bench_$$r.json; \
+	for r in captured zipf bfloat16 float16; do cp $(RUNS)/bench-$$r/bench.json docs/results/bench_$$r.json; \
 		cp $(RUNS)/bench-$$r/bench.png docs/results/bench_$$r.png; done
 	cp $(RUNS)/bench-lazy/lazy_bench.json $(RUNS)/bench-lazy/lazy_bench.png docs/results/
 	$(MAKE) results
