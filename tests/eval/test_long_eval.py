@@ -70,6 +70,7 @@ def test_bench_model_times_the_learned_routing(adapter_dir, tmp_path):
     assert rows["original"]["prefill_speedup"] == 1.0
     r = rows["top1"]
     assert r["prefill_s"] > 0 and r["decode_s"] > 0 and 0 < r["attention_share"] < 1
+    assert r["prefill_cpu_s"] > 0 and r["decode_cpu_s"] > 0 and rows["original"]["prefill_cpu_speedup"] == 1.0
     assert len(r["routing"]["layers"]) == 30
     assert all(1 / 4 <= x["largest_share"] <= 1 for x in r["routing"]["layers"])
     assert (out / "model_bench.png").stat().st_size > 0

@@ -63,25 +63,28 @@ def _install_clock(model, name: str, fn) -> _AttentionClock:
 @torch.no_grad()
 def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=None):
     clock.seconds = 0.0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if probe is not None:
         out, peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
     else:
         out, peak = model(x, use_cache=True, logits_to_keep=1), None
-    prefill = time.perf_counter() - t0
+    prefill, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
     attn = clock.seconds
     cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    steps, attn_steps = [], []
+    steps, attn_steps, cpu_steps = [], [], []
     for _ in range(decode_tokens):
         clock.seconds = 0.0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = model(tok, past_key_values=cache, use_cache=True)
         steps.append(time.perf_counter() - t0)
+        cpu_steps.append(time.process_time() - c0)
         attn_steps.append(clock.seconds)
         cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    # process CPU time beside wall time: unaffected by other jobs on a shared machine (with one thread it is the
+    # time the work took; with several it is their sum)
     return {"prefill_s": prefill, "attention_s": attn, "decode_s": med(steps), "decode_attention_s": med(attn_steps),
-            "peak_bytes": peak}
+            "peak_bytes": peak, "prefill_cpu_s": prefill_cpu, "decode_cpu_s": med(cpu_steps)}
 
 
 @torch.no_grad()
@@ -161,6 +164,8 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
             row["prefill_speedup"] = base_row["prefill_s"] / row["prefill_s"]
             row["decode_speedup"] = (base_row["decode_s"] / row["decode_s"]) if row["decode_s"] else None
             row["attention_speedup"] = base_row["attention_s"] / row["attention_s"] if row["attention_s"] else None
+            row["prefill_cpu_speedup"] = base_row["prefill_cpu_s"] / row["prefill_cpu_s"]
+            row["decode_cpu_speedup"] = (base_row["decode_cpu_s"] / row["decode_cpu_s"]) if row["decode_cpu_s"] else None
             if name in routing:
                 row["routing"] = routing[name]
                 row["kernel"] = kernel[name]
@@ -179,7 +184,8 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
 def _summarise(runs: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs) if runs[0][key] is not None else None  # noqa: E731
     row = {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
-           "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"]}
+           "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"],
+           "prefill_cpu_s": med("prefill_cpu_s"), "decode_cpu_s": med("decode_cpu_s")}
     if runs[0].get("decode_attention_s") is not None:  # the most a faster attention can win per decode step
         row["decode_attention_s"] = med("decode_attention_s")
         row["decode_attention_share"] = row["decode_attention_s"] / row["decode_s"]

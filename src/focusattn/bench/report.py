@@ -187,8 +187,8 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
         "",
         "| T | variant | prefill s | × | decode ms/token | × | attention share (prefill) | attention × | "
         "attention share (decode) | peak MiB | largest group (max over layers) | group cost / balanced (max) | "
-        "cost-model × | kernel real/random speed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "cost-model × | kernel real/random speed | prefill CPU × | decode CPU × |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         rt, kn = r.get("routing") or {}, r.get("kernel") or {}
@@ -200,8 +200,9 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
             f"| {r['T']} | {r['variant']} | {r['prefill_s']:.2f} | {_x(r['prefill_speedup'])} | {_ms(r['decode_s'])} | "
             f"{_x(r['decode_speedup'])} | {r['attention_share']:.0%} | {_x(r['attention_speedup'])} | "
             f"{_pct(r.get('decode_attention_share'))} | {_mib(r['peak_bytes'])} | {share} | {cost} | {model_x} | "
-            f"{real} |")
-    lines += ["", f"Command: `{doc['command']}`", "", f"![model bench]({plot_link})"]
+            f"{real} | {_x(r.get('prefill_cpu_speedup'))} | {_x(r.get('decode_cpu_speedup'))} |")
+    lines += ["", "CPU ×: the same ratios from process CPU time (robust to other jobs on the machine; with one thread "
+              "it is the work's own time).", "", f"Command: `{doc['command']}`", "", f"![model bench]({plot_link})"]
     return "\n".join(lines)
 
 
