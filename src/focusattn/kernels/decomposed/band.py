@@ -57,9 +57,12 @@ class Band:
 
     def chunks(self, bsz, hq):
         """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/TILE_FRACTION`` of the sequence (so the
-        chunk's temporaries stay a small fraction of the output at every T), but ``MIN_BAND_ROWS`` rows at least."""
+        chunk's temporaries stay a small fraction of the output at every T)."""
+        # T/16 rows keep the band's temporaries (~5 copies of a chunk's rows) within half the output; at T = 2048
+        # its 16 chunks of 128 rows cost more than the band's attention (2 chunks measured 0.89x -> ~1.1x of SDPA,
+        # but 3x SDPA's memory): a leaner band (no copied key windows) would allow bigger chunks
         step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
-                          max(-(-self.nb // _plan.TILE_FRACTION), _plan.MIN_BAND_ROWS // self.c)))
+                          -(-self.nb // _plan.TILE_FRACTION)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 

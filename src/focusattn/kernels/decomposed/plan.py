@@ -24,9 +24,6 @@ IE_MAX_SET = 2
 # (the fused op is already a flash kernel with bounded memory), so only very long parts are tiled.
 TILE_FRACTION = 16
 MIN_TILE = 16384
-# The band part's row chunks hold at least this many rows: below it, per-chunk overhead (gathers, masks, merges)
-# outweighs the flash op (measured at T = 2048, K=8 top-1: 16 chunks of 128 rows cost more than the band's attention).
-MIN_BAND_ROWS = 1024
 
 
 @dataclass(frozen=True)
