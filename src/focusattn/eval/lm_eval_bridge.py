@@ -205,7 +205,7 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
             "command": command,
             "complete": complete,
             "model": model_spec,
-            "adapter": str(adapter_dir) if adapter_dir else None,
+            "adapter": adapter, "adapter_path": str(adapter_dir) if adapter_dir else None,
             "focus_config": cfg,
             "tasks": names,
             "limit": limit,
