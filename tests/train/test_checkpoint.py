@@ -73,7 +73,7 @@ class _Evil:
 def test_pickled_code_is_refused_even_with_a_valid_checksum(tmp_path):
     data = _save(tmp_path)
     torch.save({"step": 3, "trainable": {}, "x": _Evil()}, data)  # a forged file whose record matches it
-    from focusattn.train.checkpoint import sha256
+    from focusattn._io import sha256_file as sha256
 
     rec = json.loads((tmp_path / RECORD).read_text())
     rec.update(bytes=data.stat().st_size, sha256=sha256(data))

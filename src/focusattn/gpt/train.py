@@ -107,9 +107,9 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     torch.manual_seed(seed)
     model = GPT(cfg)
     n_params = model.num_parameters()
+    if not isinstance(fsdp, bool):
+        raise InputError("fsdp", fsdp, "allowed True or False")
     if fsdp:
-        if not isinstance(fsdp, bool):
-            raise InputError("fsdp", fsdp, "allowed True or False")
         dist.shard(model)
     opt = adamw(_param_groups(model, tcfg.weight_decay), tcfg)
     run_cfg = {"model": cfg.to_dict(), "train": tcfg.to_dict(), "data": data.name, "seed": seed,

@@ -22,9 +22,6 @@ RECORD = "checkpoint.json"
 LEGACY = "checkpoint.pt"  # single-file checkpoints of earlier versions (no record, no checksum): refused
 
 
-sha256 = sha256_file
-
-
 def _spec(t: torch.Tensor) -> list:
     return [list(t.shape), str(t.dtype).removeprefix("torch.")]
 
@@ -50,7 +47,7 @@ def save_checkpoint(out_dir: str | os.PathLike, *, step: int, trainable: dict, o
         torch.save(state, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        digest, size = sha256(tmp), tmp.stat().st_size
+        digest, size = sha256_file(tmp), tmp.stat().st_size
     write_json(out / RECORD, {"file": data.name, "bytes": size, "sha256": digest, "step": step,
                               "trainable": {k: _spec(v) for k, v in state["trainable"].items()},
                               "meta": meta or {}})
@@ -81,7 +78,7 @@ def load_checkpoint(out_dir: str | os.PathLike, *, meta: dict | None = None) -> 
     if data.stat().st_size != size:
         raise ValueError(f"checkpoint {data} is truncated or altered: {data.stat().st_size} bytes, "
                          f"{size} recorded in {rec_path}")
-    if sha256(data) != digest:
+    if sha256_file(data) != digest:
         raise ValueError(f"checkpoint {data} is corrupt: its sha256 differs from the one recorded in {rec_path}")
     try:
         state = torch.load(data, map_location="cpu", weights_only=True)
