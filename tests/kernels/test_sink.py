@@ -1,6 +1,6 @@
 """Attention sinks: the fast path (any backend + exact LSE merge) equals the dense reference mask."""
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels.api import focus_attention
@@ -45,3 +45,31 @@ def test_sink_mask_counts_real_tokens_only():
     kpm = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
     assert sink_key_mask(5, 2, kpm).tolist() == [[False, False, True, True, False], [True, True, False, False, False]]
     assert sink_key_mask(5, 0) is None
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 2), tq=st.integers(1, 3), tk=st.integers(4, 40),
+       k=st.integers(1, 4), window=st.integers(0, 6), sink=st.integers(1, 3), pad=st.booleans())
+def test_decode_folds_sinks_into_its_lists(monkeypatch, seed, b, tq, tk, k, window, sink, pad):
+    """A decode step (Tq < Tk) gathers the sink keys with the others: no sink part, no merge, same answer and
+    gradients as the dense mask (one row, B = Tq = 1, takes the compacted path)."""
+    import focusattn.kernels.api as api
+
+    monkeypatch.setattr(api, "sink_partial", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("sink part")))
+    top_k = 1 + seed % k
+    q, kk, v, member = _case(seed, b, 4, 2, tq, tk, k, top_k, dtype=torch.float64)
+    kpm = None
+    if pad:
+        kpm = torch.ones(b, tk, dtype=torch.bool)
+        kpm[-1, : tk // 3] = False
+    grads = []
+    for fn in (dense_focus_attention, focus_attention):
+        ts = [t.clone().requires_grad_() for t in (q, kk, v)]
+        out, lse = fn(*ts, member, window, sink=sink, key_padding_mask=kpm, return_lse=True)
+        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        grads.append((out.detach(), lse.detach(), *[t.grad for t in ts]))
+        with torch.no_grad():  # inference: gathered into the reused workspace, same answer twice in a row
+            again = fn(q, kk, v, member, window, sink=sink, key_padding_mask=kpm)
+        assert torch.allclose(again, out, atol=1e-10)
+    for a, c in zip(*grads):
+        assert torch.allclose(a, c, atol=1e-8)

@@ -8,7 +8,8 @@ a query with no allowed key gets a zero output and LSE ``-inf``. Gradients flow 
 every backend, except ``"flex"`` on CPU: FlexAttention has no CPU backward, so that combination raises ValueError.
 
 ``sink=n`` also lets every query see the first ``n`` real keys (attention sinks, :mod:`.sink`: a third disjoint part
-merged by log-sum-exp on the sparse backends, part of the mask on ``"dense"``). ``allowed``, a bool mask broadcastable
+merged by log-sum-exp on the sparse prefill backends, part of the mask on ``"dense"``, and gathered with the other
+keys by a decode step). ``allowed``, a bool mask broadcastable
 to ``[B, Hq, Tq, Tk]`` that the result must also obey (a host model's own sliding window), makes every backend
 compute the dense reference: no sparse engine takes an arbitrary mask.
 
@@ -62,9 +63,10 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or sink > 0, validate=False,
                                    **kw)
         out, lse = res if (return_lse or sink > 0) else (res, None)
-    elif q.shape[2] < k.shape[2]:
-        out, lse = focus_decode_attention(q, k, v, membership, window, return_lse=True, group_index=group_index,
-                                          validate=False, **kw)
+    elif q.shape[2] < k.shape[2]:  # the sinks join each query's gathered keys: no separate part to merge
+        out, lse = focus_decode_attention(q, k, v, membership, window, sink=sink, return_lse=True,
+                                          group_index=group_index, validate=False, **kw)
+        return (out, lse) if return_lse else out
     else:
         out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)
     if sink > 0:

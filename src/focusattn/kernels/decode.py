@@ -9,18 +9,43 @@ membership (a ``[Tq, Tk]`` boolean "shares a group" test costing ``O(Tk * K)`` b
 With a :class:`~focusattn.kernels.group_index.GroupIndex` (kept up to date by the caller, one ``append`` per step)
 the lists come from the index instead, and nothing in the step is proportional to ``Tk``: ``O(w + Tk * k / K)``.
 
-Plain autograd through gather + softmax gives exact gradients (memory is the gathered keys, ``O(Tq * L)``).
+Attention sinks (``sink=n``) are gathered with the window and group keys, so a step is one pass. At inference the
+gathered rows go into a reused per-thread workspace (a fresh multi-MiB tensor per layer and step costs more in page
+faults than the copy). Plain autograd through gather + softmax gives exact gradients (memory is the gathered keys,
+``O(Tq * L)``).
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from .common import apply_softcap, default_scale, in_window
+from .common import apply_softcap, default_scale, in_window, sink_key_mask
 from .lse import acc, finite_or_zero
 from .validation import empty_focus_result, validate_focus_inputs
 
 # Gathered K/V elements per query chunk (~64 MiB fp32 for K and V together): bounds memory when Tq is large.
 GATHER_ELEMS = 1 << 23
+
+_workspace = threading.local()
+
+
+def _gather_rows(src: torch.Tensor, rows: torch.Tensor, slot: int) -> torch.Tensor:
+    """``src.index_select(0, rows)`` written into a reused per-thread buffer (``slot`` 0: keys, 1: values).
+
+    A decode step gathers a few MiB per layer; a fresh tensor each time is a fresh ``mmap`` and its page faults
+    (measured: 3x the copy itself at 8K tokens), so one buffer per thread and dtype is grown and reused. Valid until
+    the next call with the same slot: the caller consumes it before the next layer runs."""
+    n = rows.numel() * src.shape[1]
+    key = (slot, src.dtype, src.device)
+    buf = getattr(_workspace, "bufs", None)
+    if buf is None:
+        buf = _workspace.bufs = {}
+    b = buf.get(key)
+    if b is None or b.numel() < n:
+        b = buf[key] = torch.empty(max(n, 2 * (0 if b is None else b.numel())), dtype=src.dtype, device=src.device)
+    out = b[:n].view(rows.numel(), src.shape[1])
+    return torch.index_select(src, 0, rows, out=out)
 
 
 def _shares_group(membership: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
@@ -42,6 +67,12 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
     allowed = in_window(dist, window) | ((dist >= 0) & _shares_group(membership, qpos))
     if key_padding_mask is not None:
         allowed = allowed & key_padding_mask[:, None, :]
+    if allowed.shape[0] * allowed.shape[1] == 1:  # one row: its list is its nonzero entries, nothing to pad
+        idx = allowed[0, 0].nonzero()[:, 0]
+        if idx.numel() == 0:
+            idx = idx.new_zeros(1)
+            return idx.view(1, 1, 1), torch.zeros(1, 1, 1, dtype=torch.bool, device=idx.device)
+        return idx.view(1, 1, -1), torch.ones(1, 1, idx.numel(), dtype=torch.bool, device=idx.device)
     count = allowed.sum(-1)  # [B, C]
     length = max(1, int(count.max()))
     slot = torch.where(allowed, allowed.cumsum(-1) - 1, length)  # disallowed keys go to a dump column
@@ -52,19 +83,43 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
     return idx.masked_fill(~valid, 0), valid
 
 
-def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
+def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
+    """Append the sink keys (``sink_keys`` [B|1, Tk], the first real tokens) that the lists do not hold yet: a sink
+    ``j`` is listed already when it is in the window or shares a group with the query, so each key stays counted
+    once and the sinks need no separate partial and merge (the prefill path's :mod:`.sink`). ``O(C * n * K)``."""
+    b = idx.shape[0]
+    sink_keys = sink_keys.expand(b, -1)
+    n = int(sink_keys.sum(-1).max())
+    if n == 0:
+        return idx, valid
+    # each row's first n sink positions (rows with fewer sinks, i.e. shorter real sequences, pad with invalid slots)
+    rank = sink_keys.long().cumsum(-1) - 1
+    bi, ti = (sink_keys & (rank < n)).nonzero(as_tuple=True)
+    pos = torch.zeros((b, n), dtype=torch.long, device=idx.device)
+    ok = torch.zeros((b, n), dtype=torch.bool, device=idx.device)
+    pos[bi, rank[bi, ti]], ok[bi, rank[bi, ti]] = ti, True
+    mq = membership[:, qpos]  # [B, C, K]
+    mk = membership.gather(1, pos[..., None].expand(b, n, membership.shape[-1]))  # [B, n, K]
+    shared = (mq[:, :, None] & mk[:, None]).any(-1)  # [B, C, n]
+    extra = ok[:, None] & ~shared & (qpos[None, :, None] - pos[:, None] > window)
+    return (torch.cat([idx, pos[:, None].expand(-1, idx.shape[1], -1)], -1), torch.cat([valid, extra], -1))
+
+
+def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
                            return_lse=False, group_index=None, validate=True):
     """Exact Focus attention for queries aligned to the end of the keys, by per-query key gathering.
 
     Shapes as :func:`focusattn.kernels.api.focus_attention`; returns ``out`` (q's dtype) and, if asked, the float32
     LSE (``-inf`` for a query with no allowed key, whose output is zeros).
+    ``sink=n``: the first ``n`` real keys are visible to every query (attention sinks, as ``focus_attention``);
+    they join the gathered lists, so a decode step makes one pass, not a sparse part plus a sink part and a merge.
     ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
     is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan. ``validate=False``
     skips the input checks of :mod:`.validation` (``focus_attention`` has done them).
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                              key_padding_mask=key_padding_mask, group_index=group_index)
+                              key_padding_mask=key_padding_mask, group_index=group_index, sink=sink)
     if q.numel() == 0:
         out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
                                       key_padding_mask=key_padding_mask)
@@ -73,17 +128,19 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
     scale = default_scale(d, scale)
+    sinks = sink_key_mask(tk, sink, key_padding_mask, q.device)
     outs, lses = [], []
     # chunk size from an upper bound on any query's list (window + its groups' sizes), so memory stays bounded
     if group_index is not None:
+        membership = group_index.membership
         # the queries' lists hold at most (their group count) x (largest group) entries; when that reaches Tk (dense
         # top-k, e.g. top-2 of 4) the lists are no shorter than a scan and cost more to deduplicate: scan instead
-        listed = int(group_index.membership[:, tk - tq:].sum(-1).max()) * int(group_index.counts.max())
+        listed = int(membership[:, tk - tq:].sum(-1).max()) * int(group_index.counts.max())
         if listed >= tk:
-            membership, group_index = group_index.membership, None
-        longest = window + 1 + listed
-    if group_index is None:
-        longest = window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
+            group_index = None
+        longest = window + 1 + listed + sink
+    if group_index is None:  # one query (a decode step) is one chunk whatever its list: no bound to compute
+        longest = tk if tq == 1 else window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max()) + sink
     step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * min(tk, longest) * 2))
     # rows of [B * Hkv * Tk, D]: gather = row copies, converted to the accumulation dtype after gathering
     kf, vf = k.reshape(-1, d), v.reshape(-1, d)
@@ -95,19 +152,34 @@ def focus_decode_attention(q, k, v, membership, window, *, scale=None, softcap=N
             idx, valid = focus_key_indices(membership, window, qpos, key_padding_mask)  # [B, C, L]
         else:
             idx, valid = group_index.key_indices(qpos, window, key_padding_mask)
+        if sinks is not None:
+            idx, valid = _add_sinks(idx, valid, membership, window, qpos, sinks)
+        if bsz * idx.shape[1] == 1:  # one row (a decode step): drop the invalid slots instead of masking them
+            idx = idx[valid].view(1, 1, -1)
+            valid = None
         c, length = idx.shape[1], idx.shape[2]
         rows = (head_base + idx.reshape(bsz, 1, c * length)).flatten()
-        kg = acc(kf.index_select(0, rows)).view(bsz, hkv, c, length, d)
-        vg = acc(vf.index_select(0, rows)).view(bsz, hkv, c, length, d)
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):  # autograd keeps them: fresh tensors
+            kg, vg = kf.index_select(0, rows), vf.index_select(0, rows)
+        else:
+            kg, vg = _gather_rows(kf, rows, 0), _gather_rows(vf, rows, 1)
+        kg, vg = acc(kg).view(bsz, hkv, c, length, d), acc(vg).view(bsz, hkv, c, length, d)
         qc = acc(q[:, :, c0:c1]).reshape(bsz, hkv, g, c, d)
-        s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
+        if c == 1:  # plain batched matmuls: einsum's generic path costs more than the product at one query
+            s = torch.matmul(qc[:, :, :, 0], kg[:, :, 0].transpose(-1, -2))[:, :, :, None] * scale
+        else:
+            s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
         s = apply_softcap(s, softcap)
-        s = s.masked_fill(~valid[:, None, None], float("-inf"))
+        if valid is not None:
+            s = s.masked_fill(~valid[:, None, None], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
-        o = torch.einsum("bhgcl,bhcld->bhgcd", p, vg)
+        if c == 1:
+            o = torch.matmul(p[:, :, :, 0], vg[:, :, 0])[:, :, :, None]
+        else:
+            o = torch.einsum("bhgcl,bhcld->bhgcd", p, vg)
         outs.append(o.reshape(bsz, hq, c, d))
         lses.append(lse.reshape(bsz, hq, c))
-    out = torch.cat(outs, 2).to(q.dtype)
-    lse = torch.cat(lses, 2)
+    out = (torch.cat(outs, 2) if len(outs) > 1 else outs[0]).to(q.dtype)
+    lse = torch.cat(lses, 2) if len(lses) > 1 else lses[0]
     return (out, lse) if return_lse else out

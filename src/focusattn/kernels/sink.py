@@ -4,7 +4,8 @@ Not in the paper. Pretrained LMs park attention on the first token; the Focus ma
 than ``window`` away unless they happen to share a group, and the model breaks (measured in README/RESULTS). The
 extra pairs ``{j a sink, not local, no shared group}`` are disjoint from the Focus mask, so
 :func:`focusattn.kernels.api.focus_attention` (``sink=n``) computes them here densely (O(T * n)) and merges them
-exactly by log-sum-exp, leaving every backend's own kernel untouched.
+exactly by log-sum-exp, leaving every backend's own kernel untouched. A decode step instead adds the sinks to the keys
+it gathers (:func:`focusattn.kernels.decode.focus_decode_attention`): one pass, no merge, per layer and token.
 """
 from __future__ import annotations
 
