@@ -27,6 +27,9 @@ from .validation import empty_focus_result, validate_focus_inputs
 # Gathered K/V elements per query chunk (~64 MiB fp32 for K and V together): bounds memory when Tq is large.
 GATHER_ELEMS = 1 << 23
 
+# The reused gather buffers hold at most this many elements each (32 MiB fp32): a decode step at 32K tokens needs
+# ~3M for K=8 top-2; bigger gathers allocate as usual, so no thread holds more than 2 x 32 MiB per dtype.
+WORKSPACE_ELEMS = 1 << 23
 _workspace = threading.local()
 
 
@@ -37,13 +40,16 @@ def _gather_rows(src: torch.Tensor, rows: torch.Tensor, slot: int) -> torch.Tens
     (measured: 3x the copy itself at 8K tokens), so one buffer per thread and dtype is grown and reused. Valid until
     the next call with the same slot: the caller consumes it before the next layer runs."""
     n = rows.numel() * src.shape[1]
+    if n > WORKSPACE_ELEMS:  # a rare huge gather (many queries at once): not worth holding on to
+        return src.index_select(0, rows)
     key = (slot, src.dtype, src.device)
     buf = getattr(_workspace, "bufs", None)
     if buf is None:
         buf = _workspace.bufs = {}
     b = buf.get(key)
     if b is None or b.numel() < n:
-        b = buf[key] = torch.empty(max(n, 2 * (0 if b is None else b.numel())), dtype=src.dtype, device=src.device)
+        b = buf[key] = torch.empty(min(WORKSPACE_ELEMS, max(n, 2 * (0 if b is None else b.numel()))), dtype=src.dtype,
+                                   device=src.device)
     out = b[:n].view(rows.numel(), src.shape[1])
     return torch.index_select(src, 0, rows, out=out)
 
