@@ -51,6 +51,20 @@ def group_bits(membership: torch.Tensor) -> torch.Tensor:
     return (m * weights).sum(-1)
 
 
+def sink_positions(sink_keys: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's sink positions from a :func:`sink_key_mask` ``[B|1, Tk]``: ``(pos [B, n] long, ok [B, n] bool)``
+    with ``n`` the most sinks of any row; a row with fewer (a sequence shorter than its sinks) pads with invalid
+    slots at position 0. ``O(Tk)`` by rank, no sort: this runs on every layer of every decode step."""
+    sink_keys = sink_keys.expand(batch, -1)
+    n = int(sink_keys.sum(-1).max())
+    rank = sink_keys.long().cumsum(-1) - 1
+    bi, ti = (sink_keys & (rank < n)).nonzero(as_tuple=True)
+    pos = torch.zeros((batch, n), dtype=torch.long, device=sink_keys.device)
+    ok = torch.zeros((batch, n), dtype=torch.bool, device=sink_keys.device)
+    pos[bi, rank[bi, ti]], ok[bi, rank[bi, ti]] = ti, True
+    return pos, ok
+
+
 def sink_key_mask(tk: int, n: int, key_padding_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
     """Bool ``[B|1, Tk]``: the first ``n`` *real* tokens of each sequence (attention sinks), or None when ``n == 0``."""
     if n <= 0:

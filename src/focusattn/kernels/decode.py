@@ -20,7 +20,7 @@ import threading
 
 import torch
 
-from .common import apply_softcap, default_scale, in_window, sink_key_mask
+from .common import apply_softcap, default_scale, in_window, sink_key_mask, sink_positions
 from .lse import acc, finite_or_zero
 from .validation import empty_focus_result, validate_focus_inputs
 
@@ -94,16 +94,10 @@ def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
     ``j`` is listed already when it is in the window or shares a group with the query, so each key stays counted
     once and the sinks need no separate partial and merge (the prefill path's :mod:`.sink`). ``O(C * n * K)``."""
     b = idx.shape[0]
-    sink_keys = sink_keys.expand(b, -1)
-    n = int(sink_keys.sum(-1).max())
+    pos, ok = sink_positions(sink_keys, b)
+    n = pos.shape[1]
     if n == 0:
         return idx, valid
-    # each row's first n sink positions (rows with fewer sinks, i.e. shorter real sequences, pad with invalid slots)
-    rank = sink_keys.long().cumsum(-1) - 1
-    bi, ti = (sink_keys & (rank < n)).nonzero(as_tuple=True)
-    pos = torch.zeros((b, n), dtype=torch.long, device=idx.device)
-    ok = torch.zeros((b, n), dtype=torch.bool, device=idx.device)
-    pos[bi, rank[bi, ti]], ok[bi, rank[bi, ti]] = ti, True
     mq = membership[:, qpos]  # [B, C, K]
     mk = membership.gather(1, pos[..., None].expand(b, n, membership.shape[-1]))  # [B, n, K]
     shared = (mq[:, :, None] & mk[:, None]).any(-1)  # [B, C, n]

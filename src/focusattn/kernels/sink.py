@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import apply_softcap, default_scale
+from .common import apply_softcap, default_scale, sink_positions
 from .reference import expand_kv
 
 
@@ -24,17 +24,8 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     """
     b, hq, tq, d = q.shape
     tk = k.shape[2]
-    n = int(sink_keys.sum(-1).max())
-    if sink_keys.shape[0] != b:
-        sink_keys = sink_keys.expand(b, -1)
-    # indices of each row's sink keys, padded with the last index (masked below): O(Tk) by rank, no sort (this runs
-    # on every layer of every decode step)
-    rank = sink_keys.long().cumsum(-1) - 1  # [B, Tk]
-    bi, ti = (sink_keys & (rank < n)).nonzero(as_tuple=True)
-    order = torch.full((b, n), tk - 1, dtype=torch.long, device=q.device)
-    valid = torch.zeros((b, n), dtype=torch.bool, device=q.device)
-    order[bi, rank[bi, ti]] = ti
-    valid[bi, rank[bi, ti]] = True
+    order, valid = sink_positions(sink_keys, b)  # [B, n], invalid slots masked below
+    n = order.shape[1]
     # gather the n sink keys first, then repeat for GQA: O(n), not a copy of all Tk keys (a decode step per layer)
     idx = order[:, None, :, None].expand(b, k.shape[1], n, d)
     ks, vs = expand_kv(k.gather(2, idx), hq), expand_kv(v.gather(2, idx), hq)
