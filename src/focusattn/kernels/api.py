@@ -40,6 +40,10 @@ from .sink import sink_partial
 from .validation import empty_focus_result, validate_focus_inputs
 
 
+# Query rows per chunk of the in-place sink merge at inference (at least; T/16 for longer sequences).
+SINK_ROWS = 1024
+
+
 def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
                     allowed=None, backend="auto", return_lse=False, group_index=None):
     """Hard-mask Focus attention, plus ``sink`` attention sinks (see the module docstring for the contract)."""
@@ -71,10 +75,19 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)
     if sink > 0:
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
-        o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
         if not needs_grad and out.dtype == lse.dtype == acc_dtype(q.dtype):
-            merge_signed_(out, lse, o2, l2)  # inference: in place into the kernel's own fresh buffers (no copies)
+            # inference: in place into the kernel's own fresh buffers, in row chunks, so no output-sized sink
+            # partial ever exists (it was a whole extra output of peak memory). Rows r0:r1 of a prefill are the
+            # queries aligned to the end of keys :r1.
+            tq, tk = q.shape[2], k.shape[2]
+            rows = max(SINK_ROWS, -(-tq // 16))
+            for r0 in range(0, tq, rows):
+                r1, e = min(tq, r0 + rows), tk - tq + min(tq, r0 + rows)
+                o2, l2 = sink_partial(q[:, :, r0:r1], k[:, :, :e], v[:, :, :e], membership[:, :e], window,
+                                      sinks[:, :e], scale=scale, softcap=softcap)
+                merge_signed_(out[:, :, r0:r1], lse[:, :, r0:r1], o2, l2)
         else:
+            o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
             out, lse = merge_pair(out, lse, o2, l2)
         out = out.to(q.dtype)
     return (out, lse) if return_lse else out
