@@ -1,8 +1,14 @@
-"""The decode path's gather workspace: the same rows as a plain ``index_select``, reused across calls, and plain
-allocation for gathers beyond its cap."""
+"""The decode path: its two engines (gathered lists, one masked pass) against the dense reference, and the gather
+workspace (the same rows as a plain ``index_select``, reused across calls, plain allocation beyond its cap)."""
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import focusattn.kernels.decode as decode
+from focusattn.kernels import GroupIndex
+from focusattn.kernels.api import focus_attention
+from focusattn.kernels.reference import dense_focus_attention
+from tests.conftest import focus_case
 
 
 def test_gather_workspace_is_reused_and_capped(monkeypatch):
@@ -17,3 +23,39 @@ def test_gather_workspace_is_reused_and_capped(monkeypatch):
     monkeypatch.setattr(decode, "WORKSPACE_ELEMS", 16)
     big = decode._gather_rows(src, torch.arange(10), 0)  # 80 elements > 16: a fresh tensor
     assert big.data_ptr() != ptr and torch.equal(big, src[:10])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), b=st.integers(1, 2), tq=st.integers(1, 3), tk=st.integers(4, 48),
+       k=st.integers(1, 4), window=st.integers(0, 6), sink=st.integers(0, 2), pad=st.booleans(),
+       indexed=st.booleans())
+def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, sink, pad, indexed):
+    """Long lists take one masked pass over every key, short ones are gathered: forced either way, both give the
+    dense reference's outputs, LSE and gradients (index or scan, sinks, padding, several queries)."""
+    q, kk, v, member = focus_case(seed, b, 4, 2, tq, tk, k, 1 + seed % k, dtype=torch.float64)
+    kpm = None
+    if pad:
+        kpm = torch.ones(b, tk, dtype=torch.bool)
+        kpm[-1, : tk // 3] = False
+    ref, ref_lse = dense_focus_attention(q, kk, v, member, window, sink=sink, key_padding_mask=kpm, return_lse=True)
+    used = []
+    masked_pass = decode._masked_pass
+    monkeypatch.setattr(decode, "_masked_pass", lambda *a: used.append(1) or masked_pass(*a))
+    for frac in ((0, 1), (1, 1)):  # (0, 1): every list counts as long; (1, 1): none does
+        monkeypatch.setattr(decode, "DENSE_DECODE_FRACTION", frac)
+        used.clear()
+        ts = [t.clone().requires_grad_() for t in (q, kk, v)]
+        out, lse = focus_attention(*ts, member, window, sink=sink, key_padding_mask=kpm, return_lse=True,
+                                   group_index=GroupIndex(member) if indexed else None)
+        assert bool(used) == (frac == (0, 1))
+        rows = torch.ones(b, tq, dtype=torch.bool) if kpm is None else kpm[:, tk - tq:]
+        sel = rows[:, None, :].expand_as(lse)
+        assert torch.allclose(out[sel], ref[sel], atol=1e-8) and torch.equal(lse.isinf(), ref_lse.isinf())
+        assert torch.allclose(lse[sel & ~lse.isinf()], ref_lse[sel & ~lse.isinf()], atol=1e-8)
+        (out[sel] * 0.5).sum().backward()
+        gq = ts[0].grad
+        ts2 = [t.clone().requires_grad_() for t in (q, kk, v)]
+        r = dense_focus_attention(*ts2, member, window, sink=sink, key_padding_mask=kpm)
+        (r[sel] * 0.5).sum().backward()
+        assert torch.allclose(gq, ts2[0].grad, atol=1e-8)
+        assert torch.allclose(ts[1].grad, ts2[1].grad, atol=1e-8) and torch.allclose(ts[2].grad, ts2[2].grad, atol=1e-8)

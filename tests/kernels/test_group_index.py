@@ -69,7 +69,7 @@ def _spy_key_lookups(monkeypatch):
     import focusattn.kernels.decode as decode_mod
 
     calls = {"index": 0, "scan": 0}
-    index_lookup, scan_lookup = GroupIndex.key_indices, decode_mod.focus_key_indices
+    index_lookup, scan_lookup = GroupIndex.key_indices, decode_mod._allowed_rows
 
     def by_index(self, *a, **kw):
         calls["index"] += 1
@@ -80,7 +80,7 @@ def _spy_key_lookups(monkeypatch):
         return scan_lookup(*a, **kw)
 
     monkeypatch.setattr(GroupIndex, "key_indices", by_index)
-    monkeypatch.setattr(decode_mod, "focus_key_indices", by_scan)
+    monkeypatch.setattr(decode_mod, "_allowed_rows", by_scan)
     return calls
 
 
@@ -111,6 +111,9 @@ def test_each_allowed_key_listed_once():
 
 def test_sinks_and_auto_pass_the_index_through(monkeypatch):
     """With sinks and with backend 'auto', a decode step still reads its keys from the index (and is right)."""
+    import focusattn.kernels.decode as decode_mod
+
+    monkeypatch.setattr(decode_mod, "DENSE_DECODE_FRACTION", (1, 1))  # gather every list (the cache is tiny here)
     torch.manual_seed(0)
     m = random_membership(1, 64, 4, 1, seed=3)
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
