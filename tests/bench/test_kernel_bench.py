@@ -116,3 +116,24 @@ def test_half_precision_bench_records_dtype_and_stays_close_to_dense(tmp_path):
     # decomposed accumulates in float32; the dense reference runs in bfloat16 (8 mantissa bits): ~1e-2 apart
     assert dec and all(r["max_abs_diff"] <= 5e-2 for r in dec)
     assert "bfloat16" in render_markdown(doc)
+
+
+def test_issue_targets_evaluated_from_the_json():
+    """Speed targets need wall and CPU time both at the target; decode K >= 8 must win in every malloc regime."""
+    from focusattn.bench.targets import evaluate_targets
+
+    row = lambda t, kk, tk, r, cpu: {"T": t, "backend": "decomposed", "K": kk, "top_k": tk, "median_s": 1.0,  # noqa: E731
+                                     "ratio_vs_sdpa": r, "cpu_ratio_vs_sdpa": cpu, "theoretical_ratio": 7.5}
+    doc = {"results": [row(32768, 8, 1, 6.6, 6.7), row(32768, 8, 2, 1.7, 1.5)],
+           "decode": {"results": [
+               {"backend": "focus_decode_indexed", "K": 8, "top_k": 1, "malloc": "heap", "ratio_vs_sdpa": 3.0,
+                "cpu_ratio_vs_sdpa": 3.1},
+               {"backend": "focus_decode_indexed", "K": 8, "top_k": 2, "malloc": "mmap", "ratio_vs_sdpa": 1.1,
+                "cpu_ratio_vs_sdpa": 0.9},
+               {"backend": "focus_decode_indexed", "K": 4, "top_k": 2, "malloc": "mmap", "ratio_vs_sdpa": 0.5,
+                "cpu_ratio_vs_sdpa": 0.5}]}}
+    tg = evaluate_targets(doc)
+    met = {(s["K"], s["top_k"]): s["met"] for s in tg["speed_targets"]}
+    assert met == {(8, 1): True, (8, 2): False}  # K=16 top-2 was not measured: not listed
+    assert tg["decode_k8_plus_faster_everywhere"] is False
+    assert [(d["malloc"], d["top_k"]) for d in tg["decode_not_faster"]] == [("mmap", 2)]  # K=4 is not in the target
