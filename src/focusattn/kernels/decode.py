@@ -9,6 +9,10 @@ membership (a ``[Tq, Tk]`` boolean "shares a group" test costing ``O(Tk * K)`` b
 With a :class:`~focusattn.kernels.group_index.GroupIndex` (kept up to date by the caller, one ``append`` per step)
 the lists come from the index instead, and nothing in the step is proportional to ``Tk``: ``O(w + Tk * k / K)``.
 
+When a query's list would hold more than a quarter of the keys (``DENSE_DECODE_FRACTION``; top-2 of 8 keeps about
+half), the step reads every key once in a masked pass instead: on CPU, two matrix products streaming K and V beat
+copying most of their rows out of a cache that no longer sits in the processor's caches.
+
 Attention sinks (``sink=n``) are gathered with the window and group keys, so a step is one pass. At inference the
 gathered rows go into a reused per-thread workspace (a fresh multi-MiB tensor per layer and step costs more in page
 faults than the copy). Plain autograd through gather + softmax gives exact gradients (memory is the gathered keys,
@@ -151,7 +155,8 @@ def _masked_pass(q, k, v, allowed, scale, softcap):
 
 def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
                            return_lse=False, group_index=None, validate=True):
-    """Exact Focus attention for queries aligned to the end of the keys, by per-query key gathering.
+    """Exact Focus attention for queries aligned to the end of the keys: per-query key gathering, or one masked pass
+    when the lists are long (see the module docstring).
 
     Shapes as :func:`focusattn.kernels.api.focus_attention`; returns ``out`` (q's dtype) and, if asked, the float32
     LSE (``-inf`` for a query with no allowed key, whose output is zeros).
