@@ -147,8 +147,8 @@ e2e-measure: $(STAMP)
 	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 --lengths 2048 --ppl-windows 4 \
 		--baselines untrained --variants original,soft,top1,top2,untrained@top1,untrained@top2 --threads 1 \
 		--out $(E2E)/long_rb
-	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 --lengths 8192 --top-k 1 2 \
-		--repeats 1 --threads 2 --out $(E2E)/bench
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 --lengths 2048 4096 8192 --top-k 1 2 \
+		--repeats 1 --threads 1 --out $(E2E)/bench
 	$(VENV)/bin/focusattn ship-adapter $(E2E)/k8 --name smollm2-135m-focus-k8 --rebalance 256 \
 		--long-eval $(E2E)/long_rb/long_eval.json --model-bench $(E2E)/bench/model_bench.json
 	cp $(E2E)/k8/summary.json docs/results/retrofit_long_e2e_k8.json
