@@ -3,6 +3,7 @@ typed by hand. matplotlib is imported only when a plot is drawn."""
 from __future__ import annotations
 
 from .._io import atomic_path, pyplot
+from .targets import CAUSES
 
 
 def _ms(seconds):
@@ -114,12 +115,16 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
     for st in tg.get("speed_targets", []):  # the kernel issue's targets: wall and CPU time must both reach them
         lines.append(f"- K={st['K']} top-{st['top_k']} at T={st['T'] // 1024}K ≥ {st['target']:g}×: {_yes(st['met'])} "
                      f"(wall {_x(st['measured'])}, CPU {_x(st['cpu'])}; cost model {_x(st['theoretical'])})")
+    if any(not st["met"] for st in tg.get("speed_targets", [])):
+        lines.append(f"  - why: {CAUSES['speed']}")
     if tg.get("decode_k8_plus_faster_everywhere") is not None:
         slow = tg.get("decode_not_faster") or []
         lines.append("- decode step with K ≥ 8 faster than cached SDPA in every malloc regime: "
                      f"{_yes(tg['decode_k8_plus_faster_everywhere'])}" + (" (not: " + ", ".join(
                          f"{d['malloc']} K={d['K']} top-{d['top_k']} {_x(d['speedup'])} wall / "
                          f"{_x(d['cpu_speedup'])} CPU" for d in slow) + ")" if slow else ""))
+        if slow:
+            lines.append(f"  - why: {CAUSES['decode']}")
     lines.append(f"- decomposed faster than flex at every T ≥ 4K: {_yes(tg.get('faster_than_flex_all_T_ge_4k'))}")
     for s in tg.get("not_faster_than_flex", []):
         lines.append(f"  - not faster at T={s['T']} K={s['K']} top-{s['top_k']}: "
@@ -128,12 +133,16 @@ def render_markdown(doc: dict, *, plot_link: str = "bench.png") -> str:
         if tg.get(f"{name}_max_ratio_vs_sdpa") is not None:
             lines.append(f"- peak memory ({label}) ≤ 1.5× SDPA's at every T: {_yes(tg[f'{name}_at_most_1_5x_sdpa'])} "
                          f"(largest {tg[f'{name}_max_ratio_vs_sdpa']:.2f}×)")
+            if not tg[f"{name}_at_most_1_5x_sdpa"]:
+                lines.append(f"  - why: {CAUSES['memory']}")
     if tg.get("cost_model_within_15pct") is not None:
         out = tg.get("cost_model_outside_15pct") or []
         lines.append(f"- cost model predicts the CPU time within 15%: {_yes(tg['cost_model_within_15pct'])}"
                      + (" (outside: " + ", ".join(f"T={d['T']} K={d['K']} top-{d['top_k']} "
                                                    f"{_pct(d['cpu_share_of_limit'])}" for d in out) + ")"
                         if out else ""))
+        if out:
+            lines.append(f"  - why: {CAUSES['cost_model']}")
     exps = tg.get("memory_growth_exponent") or {}
     if exps:
         lines.append("- peak-memory growth exponent in T (1 = linear): " + ", ".join(
