@@ -9,7 +9,7 @@ membership (a ``[Tq, Tk]`` boolean "shares a group" test costing ``O(Tk * K)`` b
 With a :class:`~focusattn.kernels.group_index.GroupIndex` (kept up to date by the caller, one ``append`` per step)
 the lists come from the index instead, and nothing in the step is proportional to ``Tk``: ``O(w + Tk * k / K)``.
 
-When a query's list would hold more than a quarter of the keys (``DENSE_DECODE_FRACTION``; top-2 of 8 keeps about
+When a query's list would hold more than 3/8 of the keys (``DENSE_DECODE_FRACTION``; top-2 of 8 keeps about
 half), the step reads every key once in a masked pass instead: on CPU, two matrix products streaming K and V beat
 copying most of their rows out of a cache that no longer sits in the processor's caches.
 
@@ -35,8 +35,10 @@ GATHER_ELEMS = 1 << 23
 # ~3M for K=8 top-2; bigger gathers allocate as usual, so no thread holds more than 2 x 32 MiB per dtype.
 WORKSPACE_ELEMS = 1 << 23
 # A query whose list holds more than this share (num, den) of the cache reads every key in one masked pass instead
-# of gathering its keys (see _masked_pass).
-DENSE_DECODE_FRACTION = (1, 4)
+# of gathering its keys (see _masked_pass). Measured at 32K tokens (kernel bench, decode step): a list of 25% of the
+# keys (K=16 top-2) gathers at 1.7-1.8x SDPA, one masked pass is ~1x; at ~47% (K=8 top-2) the masked pass is as
+# fast with reused pages and faster with fresh ones, and faster in the model, where each layer's cache is cold.
+DENSE_DECODE_FRACTION = (3, 8)
 _workspace = threading.local()
 
 
