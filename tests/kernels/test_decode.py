@@ -41,13 +41,13 @@ def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, s
     used = []
     masked_pass = decode._masked_pass
     monkeypatch.setattr(decode, "_masked_pass", lambda *a: used.append(1) or masked_pass(*a))
-    for frac in ((0, 1), (1, 1)):  # (0, 1): every list counts as long; (1, 1): none does
+    for frac in (0.0, 1.0):  # 0: every list counts as long; 1: none does
         monkeypatch.setattr(decode, "DENSE_DECODE_FRACTION", frac)
         used.clear()
         ts = [t.clone().requires_grad_() for t in (q, kk, v)]
         out, lse = focus_attention(*ts, member, window, sink=sink, key_padding_mask=kpm, return_lse=True,
                                    group_index=GroupIndex(member) if indexed else None)
-        assert bool(used) == (frac == (0, 1))
+        assert bool(used) == (frac == 0.0)
         rows = torch.ones(b, tq, dtype=torch.bool) if kpm is None else kpm[:, tk - tq:]
         sel = rows[:, None, :].expand_as(lse)
         assert torch.allclose(out[sel], ref[sel], atol=1e-8) and torch.equal(lse.isinf(), ref_lse.isinf())

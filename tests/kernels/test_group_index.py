@@ -113,7 +113,7 @@ def test_sinks_and_auto_pass_the_index_through(monkeypatch):
     """With sinks and with backend 'auto', a decode step still reads its keys from the index (and is right)."""
     import focusattn.kernels.decode as decode_mod
 
-    monkeypatch.setattr(decode_mod, "DENSE_DECODE_FRACTION", (1, 1))  # gather every list (the cache is tiny here)
+    monkeypatch.setattr(decode_mod, "DENSE_DECODE_FRACTION", 1.0)  # gather every list (the cache is tiny here)
     torch.manual_seed(0)
     m = random_membership(1, 64, 4, 1, seed=3)
     q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)

@@ -34,11 +34,11 @@ GATHER_ELEMS = 1 << 23
 # The reused gather buffers hold at most this many elements each (32 MiB fp32): a decode step at 32K tokens needs
 # ~3M for K=8 top-2; bigger gathers allocate as usual, so no thread holds more than 2 x 32 MiB per dtype.
 WORKSPACE_ELEMS = 1 << 23
-# A query whose list holds more than this share (num, den) of the cache reads every key in one masked pass instead
+# A query whose list holds more than this share of the cache reads every key in one masked pass instead
 # of gathering its keys (see _masked_pass). Measured at 32K tokens (kernel bench, decode step): a list of 25% of the
 # keys (K=16 top-2) gathers at 1.7-1.8x SDPA, one masked pass is ~1x; at ~47% (K=8 top-2) the masked pass is as
 # fast with reused pages and faster with fresh ones, and faster in the model, where each layer's cache is cold.
-DENSE_DECODE_FRACTION = (3, 8)
+DENSE_DECODE_FRACTION = 3 / 8
 _workspace = threading.local()
 
 
@@ -131,7 +131,7 @@ def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
 
 def _long(listed: int, tk: int) -> bool:
     """A list this long is read as one masked pass over all ``tk`` keys rather than gathered."""
-    return listed * DENSE_DECODE_FRACTION[1] > tk * DENSE_DECODE_FRACTION[0]
+    return listed > tk * DENSE_DECODE_FRACTION
 
 
 def _masked_pass(q, k, v, allowed, scale, softcap):
@@ -219,7 +219,9 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
             outs.append(o)
             lses.append(lse)
             continue
-        if bsz * idx.shape[1] == 1 and valid is not None and not bool(valid.all()):  # one row: drop invalid slots
+        if bool(valid.all()):  # nothing to mask (one test per chunk, reused below)
+            valid = None
+        elif bsz * idx.shape[1] == 1:  # one row: drop its invalid slots instead of masking them
             idx = idx[valid].view(1, 1, -1)
             valid = None
         c, length = idx.shape[1], idx.shape[2]
@@ -235,7 +237,7 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         else:
             s = torch.einsum("bhgcd,bhcld->bhgcl", qc, kg) * scale
         s = apply_softcap(s, softcap)
-        if valid is not None and not bool(valid.all()):
+        if valid is not None:
             s = s.masked_fill(~valid[:, None, None], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
