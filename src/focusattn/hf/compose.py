@@ -2,6 +2,7 @@
 ``add_module``, a forward pre-hook, and ``set_attn_implementation("focus")``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -97,6 +98,20 @@ def unload(model):
         p.requires_grad_(state.requires_grad.get(n, True))
     del model._focus_state
     return model
+
+
+@contextlib.contextmanager
+def original_attention(model):
+    """Run the composed model as the original inside the block (its own attention implementation, routers idle):
+    the teacher of distillation without a second copy of the weights."""
+    state = _state(model)
+    model.set_attn_implementation(state.original_impl)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(attention_fn.NAME)
+        for c in routing_caches(model):
+            c.set_hidden(None)  # the pre-hook stashed the teacher's layer inputs: not for the next Focus forward
 
 
 def focus_config(model) -> FocusConfig:

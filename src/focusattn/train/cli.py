@@ -46,7 +46,8 @@ def _retrofit(a) -> int:
         eval_top_ks=tuple(int(x) for x in a.eval_top_k.split(",")) if a.eval_top_k else None,
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume, fsdp=a.fsdp,
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
-        lora_alpha=a.lora_alpha,
+        lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
+        repeat_prob=a.repeat_prob,
         focus=focus_from_args(a),
     )
     summary = retrofit(cfg, command=a.command_line)
@@ -83,6 +84,12 @@ def register(sub) -> None:
                    help="weight of the routers' load-balance loss (keeps groups, and sparse-kernel cost, balanced)")
     p.add_argument("--lam-final", type=float, default=d.lam_final,
                    help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
+    p.add_argument("--distill", type=float, default=d.distill,
+                   help="weight of distillation from the original model: loss = (1-d) LM + d KL(original || focus)")
+    p.add_argument("--repeat-prob", type=float, default=d.repeat_prob,
+                   help="share of training windows whose second half repeats the first (long-range copying)")
+    p.add_argument("--init-adapter", default=d.init_adapter,
+                   help="start the routers from this adapter (shipped name or folder) and continue training")
     g = p.add_argument_group("method")
     g.add_argument("--method", choices=METHODS, default=d.method,
                    help="focus: train the routers; lora: the baseline, LoRA on the attention projections (q,k,v,o) "

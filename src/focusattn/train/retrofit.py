@@ -9,6 +9,7 @@ replica of the routers, trains on its slice of each global batch, and evaluates 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +25,9 @@ from ..data.tokens import check_length, eval_windows, tokenize
 from ..eval.perplexity import perplexity
 from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
-from ..hf.compose import focus_config, update_config
-from ..hf.io import adapter_state, load_adapter_state
+from ..adapters import resolve as resolve_adapter
+from ..hf.compose import focus_config, original_attention, update_config
+from ..hf.io import adapter_state, load_adapter_state, read_adapter_config, read_adapter_tensors
 from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
 from . import dist
 from .checkpoint import load_checkpoint
@@ -57,6 +59,9 @@ class RetrofitConfig(TrainConfig):
     fsdp: bool = False  # shard the frozen base over the ranks with FSDP2 (train/dist.py); routers stay whole
     balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
     lam_final: float | None = None  # anneal the soft gate's lambda geometrically to this value (train for the hard mask)
+    distill: float = 0.0  # loss = (1 - distill) * LM loss + distill * KL(original model || composed), per token
+    init_adapter: str | None = None  # start the routers from this adapter (name or folder): continue training
+    repeat_prob: float = 0.0  # share of training windows whose second half repeats the first (see repeat_halves)
     method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
     lora_rank: int = 8
     lora_alpha: float | None = None  # LoRA scale alpha / rank; None = 2 * rank
@@ -82,6 +87,12 @@ class RetrofitConfig(TrainConfig):
             raise InputError("lora_alpha", self.lora_alpha, f"allowed None or a float > 0 ({c}.lora_alpha)")
         if not isinstance(self.fsdp, bool):
             raise InputError("fsdp", self.fsdp, f"allowed True or False ({c}.fsdp)")
+        if not 0 <= self.distill <= 1:
+            raise InputError("distill", self.distill, f"allowed a float in [0, 1] ({c}.distill)")
+        if not 0 <= self.repeat_prob <= 1:
+            raise InputError("repeat_prob", self.repeat_prob, f"allowed a float in [0, 1] ({c}.repeat_prob)")
+        if self.init_adapter is not None and self.method != "focus":
+            raise InputError("init_adapter", self.init_adapter, f"allowed only with method 'focus' ({c}.init_adapter)")
         if self.lam_final is not None and not self.lam_final > 0:
             raise InputError("lam_final", self.lam_final, f"allowed None or a float > 0 ({c}.lam_final)")
         if self.eval_top_ks is not None:
@@ -136,6 +147,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     max_pos = _max_positions(model)
     if max_pos is not None and cfg.seq_len > max_pos:
         raise InputError("seq_len", cfg.seq_len, f"exceeds the model's {max_pos} positions")
+    init = _init_tensors(cfg) if cfg.init_adapter else None  # bad adapter: error before any work
     corpus = load_corpus(cfg.data)
     train_ids, val_ids = tokenize(corpus, tok, tokenizer_id=cfg.model)
     check_length(train_ids, cfg.seq_len, f"{cfg.data} train split", need=2)
@@ -168,6 +180,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         params = lora_parameters(model)
     else:
         compose(model, cfg.focus)
+        if init is not None:
+            load_adapter_state(model, init, source=str(cfg.init_adapter))
         params = router_parameters(model)
     n_train = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
@@ -200,14 +214,24 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def next_batch(step: int, micro: int) -> torch.Tensor:
         samples = dist.sample_range(step * cfg.grad_accum + micro, cfg.batch_size)
-        return torch.as_tensor(sampler.windows(train_ids, samples), dtype=torch.long, device=device)
+        x = repeat_halves(sampler.windows(train_ids, samples), samples, cfg.repeat_prob, cfg.seed)
+        return torch.as_tensor(x, dtype=torch.long, device=device)
 
     def loss_of(x: torch.Tensor):
-        loss = model(x, labels=x).loss
+        teacher = None
+        if cfg.distill and not lora:
+            with torch.no_grad(), original_attention(model):
+                teacher = model(x).logits
+        out = model(x, labels=x)
+        loss, logs = out.loss, {"loss": out.loss.item()}
+        if teacher is not None:
+            kl = distill_kl(out.logits, teacher)
+            logs["kl"] = kl.item()
+            loss = (1 - cfg.distill) * loss + cfg.distill * kl
         if lora:
-            return loss, {"loss": loss.item()}
+            return loss, logs
         bal = torch.stack([r.balance for r in rs]).mean()
-        return loss + cfg.balance_loss * bal, {"loss": loss.item(), "balance": bal.item()}
+        return loss + cfg.balance_loss * bal, {**logs, "balance": bal.item()}
 
     def record(step: int, rec: dict) -> dict:
         common = {"step": step, "loss": rec["loss"], "lr": rec["lr"], "grad_norm": rec["grad_norm"],
@@ -215,6 +239,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if lora:
             return common
         # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
+        if "kl" in rec:
+            common["kl"] = rec["kl"]
         return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
                 "largest_share": [r.largest_share for r in rs]}
 
@@ -261,6 +287,51 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         write_json(out / "summary.json", summary)
     dist.barrier()  # no rank leaves before rank 0 has written everything
     return summary
+
+
+def repeat_halves(x, samples, prob: float, seed: int):
+    """Windows ``x`` [N, T] where, for a share ``prob`` of the samples (drawn per global sample number, so the same
+    on any number of processes and on resume), the second half is a copy of the first.
+
+    Why: copying a passage seen ~T/2 tokens earlier is what a sparse mask loses first (the query and the key it
+    needs must share a group), and natural training text rarely repeats at that distance. Used with distillation
+    the original model's own predictions on the copy are the target; nothing is labelled by hand.
+    """
+    if prob <= 0:
+        return x
+    x = x.copy()
+    h = x.shape[1] // 2
+    for row, s in enumerate(samples):
+        if random.Random(seed * 1_000_003 + s).random() < prob:
+            x[row, h:2 * h] = x[row, :h]
+    return x
+
+
+def distill_kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean over next-token positions of KL(teacher || student), both ``[B, T, V]`` logits (the last position
+    predicts nothing the LM loss scores, so it is left out here too).
+
+    Why distil: the target is the original model's behaviour, not the data's. The KL scores the whole next-token
+    distribution at every position (the LM loss one label), so the routers learn which distant pairs the frozen
+    model needs from far fewer tokens, and a perfect router reaches exactly zero.
+    """
+    s = torch.log_softmax(student[:, :-1].float(), -1)
+    t = torch.log_softmax(teacher[:, :-1].float(), -1)
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _init_tensors(cfg: RetrofitConfig) -> dict[str, torch.Tensor]:
+    """The router tensors of ``cfg.init_adapter``, checked against the config's router shapes (one-line error)."""
+    try:
+        path = resolve_adapter(cfg.init_adapter)
+        meta = read_adapter_config(path)
+    except ValueError as e:
+        raise InputError("init_adapter", cfg.init_adapter, str(e)) from e
+    have = FocusConfig.from_dict(meta["focus_config"])
+    if (have.num_groups, have.group_dim) != (cfg.focus.num_groups, cfg.focus.group_dim):
+        raise InputError("init_adapter", cfg.init_adapter, f"it has K={have.num_groups}, d_g={have.group_dim}; this "
+                         f"run has K={cfg.focus.num_groups}, d_g={cfg.focus.group_dim} (pass --groups/--group-dim)")
+    return read_adapter_tensors(path, meta)
 
 
 def _lam(cfg: RetrofitConfig, step: int) -> float:
