@@ -238,3 +238,22 @@ def test_sink_tokens_in_model_generation_fast_equals_dense():
         for _ in range(10):
             seq = torch.cat([seq, m(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(fast, dense) and torch.equal(dense, seq)
+
+
+def test_original_attention_block_is_the_original_model():
+    """The distillation teacher: inside ``original_attention`` a composed model (sparse, window far below the
+    sequence) gives the original logits; Focus comes back after the block, even when it raised."""
+    from focusattn.hf.compose import original_attention
+
+    m = tiny_model("llama")
+    x = _ids()
+    with torch.no_grad():
+        ref = m(x).logits
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=2, top_k=1))
+    with torch.no_grad(), original_attention(m):
+        assert (m(x).logits - ref).abs().max().item() <= 1e-5
+    with torch.no_grad():
+        assert (m(x).logits - ref).abs().max().item() > 1e-3
+    with pytest.raises(RuntimeError), original_attention(m):
+        raise RuntimeError("boom")
+    assert m.config._attn_implementation == "focus"

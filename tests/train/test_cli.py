@@ -79,3 +79,29 @@ def test_too_short_corpus(tmp_path, tiny_dir, capsys):
 def test_resume_without_checkpoint(tmp_path, tiny_dir, capsys):
     out, rc = _run(tmp_path, tiny_dir, "--steps", "1", "--resume")
     assert rc == 2 and "no checkpoint" in capsys.readouterr().err
+
+
+def test_distill_init_adapter_and_repeats(tmp_path, tiny_dir):
+    """--distill logs the KL to the original model, --init-adapter starts from a run's routers (a zero-step
+    continuation would give them back unchanged), --repeat-prob trains on repeated halves."""
+    a, rc = _run(tmp_path / "a", tiny_dir, "--steps", "2", "--eval-top-k", "1")
+    assert rc == 0
+    b, rc = _run(tmp_path / "b", tiny_dir, "--steps", "2", "--eval-top-k", "1", "--distill", "0.5",
+                 "--repeat-prob", "1", "--init-adapter", str(a), "--lr", "1e-9", "--warmup", "0")
+    assert rc == 0
+    recs = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["kl"] >= 0 for r in recs)
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(str(a / "adapter/adapter.safetensors")), load_file(str(b / "adapter/adapter.safetensors"))
+    weights = [k for k in ta if not k.split(".")[-1].startswith("offsets")]
+    assert weights and all(torch.allclose(ta[k], tb[k], atol=1e-5) for k in weights)
+
+
+def test_init_adapter_shape_mismatch_writes_nothing(tmp_path, tiny_dir, capsys):
+    a, _ = _run(tmp_path / "a", tiny_dir, "--steps", "1", "--eval-top-k", "1")
+    out = tmp_path / "b"
+    capsys.readouterr()
+    rc = main(["retrofit", "--model", str(tiny_dir / "model"), "--data", str(tiny_dir / "corpus"), "--out", str(out),
+               "--seq-len", "48", "--groups", "6", "--init-adapter", str(a)])
+    assert rc == 2 and "--init-adapter" in capsys.readouterr().err and not out.exists()
