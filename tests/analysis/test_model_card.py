@@ -54,3 +54,16 @@ def test_ship_adapter_refuses_a_lora_run(tmp_path):
     with pytest.raises(ValueError, match="a lora run .*ships Focus adapters"):
         ship_adapter(tmp_path, "x", dest=tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+def test_ship_adapter_gives_both_commands_of_a_continued_run(tmp_path):
+    first = _run_dir(tmp_path / "a")
+    run = _run_dir(tmp_path / "b")
+    s = json.loads((run / "summary.json").read_text())
+    s["command"] = "focusattn retrofit --init-adapter A --distill 1.0 --repeat-prob 0.25"
+    s["config"].update(init_adapter="A", distill=1.0, repeat_prob=0.25)
+    (run / "summary.json").write_text(json.dumps(s))
+    card = (ship_adapter(run, "tiny-continued", dest=tmp_path / "pkg", first_phase=first) / "README.md").read_text()
+    first_cmd = json.loads((first / "summary.json").read_text())["command"]
+    assert f"First: `{first_cmd}`" in card and s["command"] in card
+    assert "distilled from the original model" in card and "25% of the windows" in card

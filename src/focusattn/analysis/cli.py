@@ -62,7 +62,8 @@ def _collapse(a) -> int:
 def _ship(a) -> int:
     from .model_card import ship_adapter
 
-    out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench, rebalance=a.rebalance)
+    out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench, rebalance=a.rebalance,
+                       first_phase=a.first_phase)
     print(f"wrote {out} (adapter + README.md model card)")
     return 0
 
@@ -127,6 +128,8 @@ def register(sub) -> None:
     s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
     s.add_argument("--rebalance", type=int, default=None,
                    help="ship with this online-rebalancing interval in tokens (inference setting; 0 = off)")
+    s.add_argument("--first-phase", default=None,
+                   help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",

@@ -24,11 +24,14 @@ def _need(path: Path, made_by: str) -> dict:
 
 
 def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,
-                 rebalance: int | None = None) -> Path:
+                 rebalance: int | None = None, first_phase=None) -> Path:
     """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder.
-    ``rebalance``: ship the adapter with this online-rebalancing interval (an inference setting; see FocusConfig)."""
+    ``rebalance``: ship the adapter with this online-rebalancing interval (an inference setting; see FocusConfig).
+    ``first_phase``: the retrofit folder the run continued from (``--init-adapter``), so the card gives both
+    commands: the adapter cannot be rebuilt from the last one alone."""
     run = Path(run_dir)
     summary = _need(run / "summary.json", "focusattn retrofit --out RUN")
+    first = _need(Path(first_phase) / "summary.json", "focusattn retrofit --out RUN") if first_phase else None
     if summary.get("method", "focus") != "focus":
         raise InputError("run", str(run), f"a {summary['method']} run (`retrofit --method {summary['method']}`): "
                          "ship-adapter ships Focus adapters; a LoRA adapter is used with peft directly")
@@ -53,20 +56,39 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     if rebalance is not None:
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "rebalance": int(rebalance)}).to_dict()
     write_json(tmp / CONFIG, acfg)
-    if rebalance is not None:
+    cfg = summary["config"]
+    if rebalance is not None and cfg["focus"].get("rebalance") == rebalance:
+        served = (f" Trained and shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`: "
+                  "groups stay balanced on text unlike the training corpus); `fa.update_config(model, rebalance=0)` "
+                  "serves the learned offsets alone.")
+    elif rebalance is not None:
         served = (f" Shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`, an inference "
                   "setting not used in training: groups stay balanced on text unlike the training corpus); "
                   "`fa.update_config(model, rebalance=0)` serves the learned offsets alone.")
-    cfg = summary["config"]
     lines = [f"# {name}", "",
              f"A Focus adapter for `{cfg['model']}`: {summary['parameters']['router']:,} router parameters "
              f"({summary['parameters']['percent']:.2f}% of the model), every pretrained weight frozen.", "",
              "```python", "import focusattn as fa", f'model, tok = fa.load_model("{cfg["model"]}")',
              f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
-             "```", "", "## How it was trained", "", f"`{summary.get('command')}`", "",
-             f"Balance loss weight {cfg.get('balance_loss', 0)}, gate sharpness annealed to lambda = "
-             f"{cfg.get('lam_final') or cfg['focus']['lam']}; {summary['wall_seconds'] / 60:.0f} min on 2 CPU cores.{served}",
-             "", "## Perplexity at the training length", "", retrofit_table(summary)]
+             "```", "", "## How it was trained", ""]
+    minutes = summary["wall_seconds"] / 60
+    if first is not None:
+        minutes += first["wall_seconds"] / 60
+        lines += [f"Two runs. First: `{first.get('command')}`", "",
+                  f"then, continuing from its adapter: `{summary.get('command')}`", ""]
+    elif cfg.get("init_adapter"):
+        lines += [f"`{summary.get('command')}` (continued from the adapter `{cfg['init_adapter']}`)", ""]
+    else:
+        lines += [f"`{summary.get('command')}`", ""]
+    extra = ""
+    if cfg.get("distill"):
+        extra += f", distilled from the original model (weight {cfg['distill']})"
+    if cfg.get("repeat_prob"):
+        extra += f", {cfg['repeat_prob']:.0%} of the windows with a repeated second half"
+    lines += [f"Last run: {cfg['seq_len']} tokens per window{extra}; balance loss weight {cfg.get('balance_loss', 0)}, "
+              f"gate sharpness lambda = {cfg.get('lam_final') or cfg['focus']['lam']} at the end; {minutes:.0f} min "
+              f"on 2 CPU cores in all.{served}",
+              "", "## Perplexity at the training length", "", retrofit_table(summary)]
     if le is not None:
         lines += ["", "## Long context: quality against the original model and baselines", "",
                   render_pareto([le], [mb] if mb else [])]
