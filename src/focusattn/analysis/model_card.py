@@ -85,7 +85,8 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
         extra += f", distilled from the original model (weight {cfg['distill']})"
     if cfg.get("repeat_prob"):
         extra += f", {cfg['repeat_prob']:.0%} of the windows with a repeated second half"
-    lines += [f"Last run: {cfg['seq_len']} tokens per window{extra}; balance loss weight {cfg.get('balance_loss', 0)}, "
+    lead = "Last run: " if first is not None or cfg.get("init_adapter") else ""
+    lines += [f"{lead}{cfg['seq_len']} tokens per window{extra}; balance loss weight {cfg.get('balance_loss', 0)}, "
               f"gate sharpness lambda = {cfg.get('lam_final') or cfg['focus']['lam']} at the end; {minutes:.0f} min "
               f"on 2 CPU cores in all.{served}",
               "", "## Perplexity at the training length", "", retrofit_table(summary)]

@@ -27,7 +27,7 @@ from ..focus.config import FocusConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..adapters import resolve as resolve_adapter
 from ..hf.compose import focus_config, original_attention, update_config
-from ..hf.io import adapter_state, load_adapter_state, read_adapter_config, read_adapter_tensors
+from ..hf.io import adapter_state, load_adapter, load_adapter_state, read_adapter_config
 from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
 from . import dist
 from .checkpoint import load_checkpoint
@@ -147,7 +147,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     max_pos = _max_positions(model)
     if max_pos is not None and cfg.seq_len > max_pos:
         raise InputError("seq_len", cfg.seq_len, f"exceeds the model's {max_pos} positions")
-    init = _init_tensors(cfg) if cfg.init_adapter else None  # bad adapter: error before any work
+    init = _init_adapter(cfg) if cfg.init_adapter else None  # bad adapter: error before any work
     corpus = load_corpus(cfg.data)
     train_ids, val_ids = tokenize(corpus, tok, tokenizer_id=cfg.model)
     check_length(train_ids, cfg.seq_len, f"{cfg.data} train split", need=2)
@@ -180,8 +180,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         params = lora_parameters(model)
     else:
         compose(model, cfg.focus)
-        if init is not None:
-            load_adapter_state(model, init, source=str(cfg.init_adapter))
+        if init is not None:  # the routers' tensors, checked like any adapter load (shapes, checksum, base model)
+            load_adapter(model, init)
         params = router_parameters(model)
     n_train = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
@@ -315,13 +315,15 @@ def distill_kl(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     distribution at every position (the LM loss one label), so the routers learn which distant pairs the frozen
     model needs from far fewer tokens, and a perfect router reaches exactly zero.
     """
-    s = torch.log_softmax(student[:, :-1].float(), -1)
-    t = torch.log_softmax(teacher[:, :-1].float(), -1)
-    return (t.exp() * (t - s)).sum(-1).mean()
+    v = student.shape[-1]
+    s = torch.log_softmax(student[:, :-1].float(), -1).reshape(-1, v)
+    t = torch.log_softmax(teacher[:, :-1].float(), -1).reshape(-1, v)
+    return torch.nn.functional.kl_div(s, t, log_target=True, reduction="batchmean")
 
 
-def _init_tensors(cfg: RetrofitConfig) -> dict[str, torch.Tensor]:
-    """The router tensors of ``cfg.init_adapter``, checked against the config's router shapes (one-line error)."""
+def _init_adapter(cfg: RetrofitConfig) -> Path:
+    """The folder of ``cfg.init_adapter``, its config checked against this run's router shapes before any work
+    (one-line error naming the flag); ``hf.load_adapter`` loads it once the model is composed."""
     try:
         path = resolve_adapter(cfg.init_adapter)
         meta = read_adapter_config(path)
@@ -331,7 +333,7 @@ def _init_tensors(cfg: RetrofitConfig) -> dict[str, torch.Tensor]:
     if (have.num_groups, have.group_dim) != (cfg.focus.num_groups, cfg.focus.group_dim):
         raise InputError("init_adapter", cfg.init_adapter, f"it has K={have.num_groups}, d_g={have.group_dim}; this "
                          f"run has K={cfg.focus.num_groups}, d_g={cfg.focus.group_dim} (pass --groups/--group-dim)")
-    return read_adapter_tensors(path, meta)
+    return path
 
 
 def _lam(cfg: RetrofitConfig, step: int) -> float:
