@@ -52,6 +52,11 @@ def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, s
         sel = rows[:, None, :].expand_as(lse)
         assert torch.allclose(out[sel], ref[sel], atol=1e-8) and torch.equal(lse.isinf(), ref_lse.isinf())
         assert torch.allclose(lse[sel & ~lse.isinf()], ref_lse[sel & ~lse.isinf()], atol=1e-8)
+        with torch.no_grad():  # inference: the masked pass's in-place form (no -inf), same answers
+            out_ng, lse_ng = focus_attention(q, kk, v, member, window, sink=sink, key_padding_mask=kpm,
+                                             return_lse=True, group_index=GroupIndex(member) if indexed else None)
+        assert torch.allclose(out_ng[sel], ref[sel], atol=1e-8) and torch.equal(lse_ng.isinf(), ref_lse.isinf())
+        assert torch.allclose(lse_ng[sel & ~lse_ng.isinf()], ref_lse[sel & ~lse_ng.isinf()], atol=1e-8)
         (out[sel] * 0.5).sum().backward()
         gq = ts[0].grad
         ts2 = [t.clone().requires_grad_() for t in (q, kk, v)]
@@ -59,3 +64,23 @@ def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, s
         (r[sel] * 0.5).sum().backward()
         assert torch.allclose(gq, ts2[0].grad, atol=1e-8)
         assert torch.allclose(ts[1].grad, ts2[1].grad, atol=1e-8) and torch.allclose(ts[2].grad, ts2[2].grad, atol=1e-8)
+
+
+def test_masked_pass_keeps_kept_keys_far_below_a_masked_one():
+    """The inference form normalises by the largest score over all keys; when every kept key scores ~200 nats below
+    a masked one, their weights would underflow, so that row is recomputed with -inf masking: still exact."""
+    torch.manual_seed(0)
+    tk, d = 64, 8
+    q = torch.zeros(1, 2, 1, d)
+    q[..., 0] = 1.0
+    k = torch.randn(1, 1, tk, d) * 0.1
+    v = torch.randn(1, 1, tk, d)
+    k[0, 0, 5, 0] = 1600.0  # scale 1/sqrt(8): a score of ~566 on a masked key
+    allowed = torch.zeros(1, 1, tk, dtype=torch.bool)
+    allowed[..., 10:] = True
+    with torch.no_grad():
+        out, lse = decode._masked_pass(q, k, v, allowed, d ** -0.5, None)
+    s = (q[0, :, 0] @ k[0, 0, 10:].T) * d ** -0.5
+    ref = torch.softmax(s, -1) @ v[0, 0, 10:]
+    assert torch.isfinite(out).all() and torch.allclose(out[0, :, 0], ref, atol=1e-6)
+    assert torch.allclose(lse[0, :, 0], torch.logsumexp(s, -1), atol=1e-5)

@@ -35,9 +35,9 @@ GATHER_ELEMS = 1 << 23
 # ~3M for K=8 top-2; bigger gathers allocate as usual, so no thread holds more than 2 x 32 MiB per dtype.
 WORKSPACE_ELEMS = 1 << 23
 # A query whose list holds more than this share of the cache reads every key in one masked pass instead
-# of gathering its keys (see _masked_pass). Measured at 32K tokens (kernel bench, decode step): a list of 25% of the
-# keys (K=16 top-2) gathers at 1.7-1.8x SDPA, one masked pass is ~1x; at ~47% (K=8 top-2) the masked pass is as
-# fast with reused pages and faster with fresh ones, and faster in the model, where each layer's cache is cold.
+# of gathering its keys (see _masked_pass). Measured at 32K tokens (kernel bench, decode step, SDPA ~11.5 ms): the
+# masked pass costs ~6.5-6.9 ms whatever the share; gathering 25% of the keys (K=16 top-2) 5.2-5.5 ms, 13% (K=8
+# top-1) 3.2-3.4 ms: the crossing is near a third of the keys.
 DENSE_DECODE_FRACTION = 3 / 8
 _workspace = threading.local()
 
@@ -134,6 +134,11 @@ def _long(listed: int, tk: int) -> bool:
     return listed > tk * DENSE_DECODE_FRACTION
 
 
+# A row whose kept weights sum to less than this, relative to its largest score overall, is recomputed with -inf
+# masking: below it the largest kept term could be within float32's precision of the underflow limit (e^-87).
+_MASKED_FLOOR = 1e-26
+
+
 def _masked_pass(q, k, v, allowed, scale, softcap):
     """One sequential pass over every cached key, ``allowed`` [B, C, Tk] as a mask: ``(out [B, Hq, C, D],
     lse [B, Hq, C])``.
@@ -141,14 +146,31 @@ def _masked_pass(q, k, v, allowed, scale, softcap):
     When a query may see a large share of the cache (top-2 of 8 keeps about half the pairs), reading K and V in
     order through two matrix products is cheaper than copying those rows out of a cache that is no longer in CPU
     caches (measured per layer at 8K tokens, cycling over 30 layers' caches: ~4 ms against 6-6.5 ms for the gather
-    and 6-7 ms for SDPA); the lists' bookkeeping (deduplicating top-k > 1) is skipped too."""
+    and 6-7 ms for SDPA); the lists' bookkeeping (deduplicating top-k > 1) is skipped too.
+
+    The softmax is taken relative to the row's largest score over *all* keys and the masked keys' weights are then
+    zeroed, instead of filling them with ``-inf``: on CPU, ``exp`` and ``logsumexp`` over ``-inf`` take a slow path
+    (measured at 32K keys: ~10x the time of finite inputs, most of the step). Exact unless the kept keys' scores are
+    all ~60 nats below a masked one (their sum then nears float32's underflow), which :data:`_MASKED_FLOOR` catches
+    and recomputes with ``-inf``. Under autograd the ``-inf`` form is used (in-place ops, no saved masks)."""
     bsz, hq, c, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
     qh = acc(q).reshape(bsz, hkv, g * c, d)  # heads sharing a k/v head are rows of one product (no K copy)
     s = torch.matmul(qh, k.transpose(-1, -2)).view(bsz, hkv, g, c, tk) * scale
     s = apply_softcap(s, softcap)
-    s = s.masked_fill(~allowed[:, None, None], float("-inf"))
+    keep = allowed[:, None, None]
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if not grad:
+        top = s.amax(-1, keepdim=True)  # >= every kept score
+        p = s.sub_(top).exp_().mul_(keep)
+        den = p.sum(-1, keepdim=True)
+        if bool((den >= _MASKED_FLOOR).all()):
+            o = torch.matmul(p.view(bsz, hkv, g * c, tk), v).view(bsz, hkv, g, c, d).div_(den)
+            return o.view(bsz, hq, c, d), (top + den.log()).reshape(bsz, hq, c)
+        s = torch.matmul(qh, k.transpose(-1, -2)).view(bsz, hkv, g, c, tk) * scale  # rare: recompute, -inf form
+        s = apply_softcap(s, softcap)
+    s = s.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - finite_or_zero(lse).unsqueeze(-1))
     o = torch.matmul(p.view(bsz, hkv, g * c, tk), v)
