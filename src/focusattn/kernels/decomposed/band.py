@@ -1,6 +1,8 @@
 """Part B, cross-group local pairs: ``1 <= i - j <= w`` and no shared group, in query blocks of ``BAND_BLOCK`` rows
 against ``BAND_BLOCK + w`` keys. Blocks are laid out as a batch ``[B * n_blocks, H, C or L, D]`` so the fused op (or
-the generic kernel) sees them as many small independent attention problems.
+the generic kernel) sees them as many small independent attention problems. On the fused path (batch 1) the blocks
+are strided views of q, k and v (:func:`blocks_view`): the overlapping key windows are never copied, which at
+T = 2048 took the band from ~40 to ~28 ms and its peak memory from ~0.5x to a few % of the output.
 """
 from __future__ import annotations
 
@@ -56,13 +58,10 @@ class Band:
         return ok.flatten(0, 1)
 
     def chunks(self, bsz, hq):
-        """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/TILE_FRACTION`` of the sequence (so the
+        """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/BAND_FRACTION`` of the sequence (so the
         chunk's temporaries stay a small fraction of the output at every T)."""
-        # T/16 rows keep the band's temporaries (~5 copies of a chunk's rows) within half the output; at T = 2048
-        # its 16 chunks of 128 rows cost more than the band's attention (2 chunks measured 0.89x -> ~1.1x of SDPA,
-        # but 3x SDPA's memory): a leaner band (no copied key windows) would allow bigger chunks
         step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
-                          -(-self.nb // _plan.TILE_FRACTION)))
+                          -(-self.nb // _plan.BAND_FRACTION)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 
@@ -88,26 +87,54 @@ class Band:
         return x.view(bsz, n1 - n0, h, self.c, *tail).transpose(1, 2).reshape(bsz, h, (n1 - n0) * self.c, *tail)
 
 
+def blocks_view(x, r0: int, n: int, rows: int, step: int) -> torch.Tensor:
+    """``[1, H, T, D]`` -> ``[n, H, rows, D]``: block ``j`` holds rows ``r0 + j * step`` to ``+ rows`` (overlapping
+    when ``rows > step``, as the key windows do). A strided view of ``x`` (any layout: the fused op reads strides),
+    so the band copies no key window; only rows outside ``[0, T)`` (the first ``w`` keys' left edge, the last
+    block's tail) are zero-padded, by a copy of just that chunk's range."""
+    t = x.shape[2]
+    lo, hi = r0, r0 + (n - 1) * step + rows
+    if lo < 0 or hi > t:
+        x = torch.nn.functional.pad(x[:, :, max(lo, 0):min(hi, t)], (0, 0, max(0, -lo), max(0, hi - t)))
+    else:
+        x = x[:, :, lo:hi]
+    st = x.stride()
+    return x.as_strided((n, x.shape[1], rows, x.shape[3]), (step * st[2], st[1], st[2], st[3]), x.storage_offset())
+
+
 def forward_chunks(p: Problem):
-    """Yield ``(r0, r1, out [B, Hq, r1 - r0, D], lse [B, Hq, r1 - r0])`` of the banded part, row chunk by row chunk
-    (rows ``r0:r1`` of the sequence), so the caller merges each chunk in place and no ``[B, Hq, T, D]`` band output
-    ever exists."""
+    """Yield ``(r0, r1, out, lse)`` of the banded part, row chunk by row chunk (rows ``r0:r1`` of the sequence), so
+    the caller merges each chunk in place and no ``[B, Hq, T, D]`` band output ever exists. ``out`` is
+    ``[B, Hq, r1 - r0, D]`` and ``lse`` ``[B, Hq, r1 - r0]``, or, when the chunk is whole blocks,
+    ``[B, Hq, n, C, D]`` / ``[B, Hq, n, C]`` strided views of the fused op's blocked result (no un-blocking copy).
+
+    With the fused op and batch 1 the blocks are views (:func:`blocks_view`): a chunk costs its mask and the op."""
     q, k, v = p.q, p.k, p.v
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
+    c = band.c
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
-        qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
-        if fused:
-            o, l_ = cpu_flash_fwd(qb, kb, vb, allowed[:, None], p.scale)
+        nn = n1 - n0
+        r0, r1 = n0 * c, min(t, n1 * c)
+        if fused and bsz == 1:
+            o, l_ = cpu_flash_fwd(blocks_view(q, r0, nn, c, c), blocks_view(k, r0 - p.window, nn, band.l, c),
+                                  blocks_view(v, r0 - p.window, nn, band.l, c), allowed[:, None], p.scale)
+            if r1 - r0 == nn * c:
+                yield r0, r1, o.transpose(0, 1)[None], l_.transpose(0, 1)[None]
+                continue
         else:
-            o, l_ = block_attn_fwd(qb.view(qb.shape[0], hkv, hq // hkv, band.c, d), kb, vb, allowed[:, None, None],
-                                   p.scale, p.softcap)
-            o, l_ = o.reshape(qb.shape), l_.reshape(qb.shape[:3])
-        del qb, kb, vb, allowed
-        r0, r1 = n0 * band.c, min(t, n1 * band.c)
+            qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
+            if fused:
+                o, l_ = cpu_flash_fwd(qb, kb, vb, allowed[:, None], p.scale)
+            else:
+                o, l_ = block_attn_fwd(qb.view(qb.shape[0], hkv, hq // hkv, c, d), kb, vb,
+                                       allowed[:, None, None], p.scale, p.softcap)
+                o, l_ = o.reshape(qb.shape), l_.reshape(qb.shape[:3])
+            del qb, kb, vb
+        del allowed
         yield r0, r1, band.unblock(o, bsz, n0, n1)[:, :, :r1 - r0], band.unblock(l_, bsz, n0, n1)[:, :, :r1 - r0]
 
 

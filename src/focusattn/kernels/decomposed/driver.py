@@ -89,7 +89,10 @@ def _forward(p: Problem, plans, varlen_fn=None):
             del o_p, l_p
     if p.window > 0:
         for r0, r1, o_b, l_b in band.forward_chunks(p):
-            merge_signed_(o_acc[:, :, r0:r1], l_acc[:, :, r0:r1], o_b, l_b)
+            o_r, l_r = o_acc[:, :, r0:r1], l_acc[:, :, r0:r1]
+            if o_b.dim() == 5:  # whole blocks [B, Hq, n, C, D]: merge into the same view of the accumulator
+                o_r, l_r = o_r.unflatten(2, o_b.shape[2:4]), l_r.unflatten(2, o_b.shape[2:4])
+            merge_signed_(o_r, l_r, o_b, l_b)
     return o_acc, l_acc
 
 

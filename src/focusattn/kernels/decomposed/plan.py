@@ -23,6 +23,11 @@ IE_MAX_SET = 2
 # Measured at T = 8192 (K=8 top-1, model shapes): 1024-row tiles made the prefill kernel 1.7x slower than whole parts
 # (the fused op is already a flash kernel with bounded memory), so only very long parts are tiled.
 TILE_FRACTION = 16
+# The window band's row chunks hold at most T / BAND_FRACTION rows. Its blocks are views (no copied key windows), so a
+# chunk's temporaries are its mask and output, ~2x its share of the output. Measured at T = 2048 (captured K=8 top-1
+# routing, one thread): 16 chunks 59.6 ms, 8 chunks 55.6 ms, SDPA 56.1 ms; peak memory 0.97x SDPA either way, and
+# 1.30x at T = 8192 with 8 chunks (fewer: 1.5x and more).
+BAND_FRACTION = 8
 MIN_TILE = 16384
 
 
