@@ -36,7 +36,11 @@ class Band:
         if kpm is not None:
             self.kvalid = self.kvalid[None] & kpm[:, self.kpos_c]  # [B, nb, L]
         if membership.shape[-1] <= 63:  # one int64 bitmask per token: "shares a group" is one AND, not a K-long dot
-            self.bits, self.mf = group_bits(membership)[..., 0], None  # [B, T]
+            kk = membership.shape[-1]
+            # the narrowest integer holding K bits: the per-chunk [n, C, L] AND is the band's largest temporary
+            narrow = torch.uint8 if kk <= 8 else torch.int16 if kk <= 15 else torch.int32 if kk <= 31 else None
+            bits = group_bits(membership)[..., 0]  # [B, T]
+            self.bits, self.mf = (bits if narrow is None else bits.to(narrow)), None
         else:
             self.bits, self.mf = None, membership.float()
 
@@ -59,8 +63,7 @@ class Band:
 
     def chunks(self, bsz, hq, fraction):
         """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/fraction`` of the sequence (so the
-        chunk's temporaries stay a small fraction of the output at every T). The forward's blocks are views
-        (``plan.BAND_FRACTION``); the backward copies its blocks and has twice the inputs (``plan.TILE_FRACTION``)."""
+        chunk's temporaries stay a small fraction of the output at every T)."""
         step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l), -(-self.nb // fraction)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
@@ -144,7 +147,7 @@ def backward(p: Problem, g: Grads) -> None:
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
-    for n0, n1 in band.chunks(bsz, hq, _plan.TILE_FRACTION):
+    for n0, n1 in band.chunks(bsz, hq, _plan.BAND_FRACTION):
         allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
         dob, ob, lb = band.q_blocks(g.do, n0, n1), band.q_blocks(g.o, n0, n1), band.q_blocks(g.lse, n0, n1)

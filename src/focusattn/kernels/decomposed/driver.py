@@ -50,10 +50,11 @@ from ..lse import merge_signed_
 from ..validation import empty_focus_result, validate_focus_inputs
 from . import band, same_group
 from .chunk import NEG_INF
+from .plan import (Grads, Problem, Workspace, plan_groups, put_rows_, take_rows, tile_rows, token_major_zeros,
+                   whole_rows)
 
 # Rows per in-place signed merge of a tile into the accumulator (bounds the gathered copy).
-MERGE_ROWS = 256
-from .plan import Grads, Problem, plan_groups, put_rows_, take_rows, token_major_zeros
+MERGE_ROWS = 128
 
 
 def _forward(p: Problem, plans, varlen_fn=None):
@@ -70,8 +71,15 @@ def _forward(p: Problem, plans, varlen_fn=None):
         plain = [x for x in plans if not x.masked]
         if plain:
             results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
+    ws = Workspace()
+    if plans and p.engine == "cpu-flash":  # sized once for the largest whole part or tile (see plan.Workspace)
+        whole = whole_rows(t, overlap)
+        rows = max(len(x.idx) if len(x.idx) <= whole else tile_rows(t, overlap) for x in plans)
+        for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
+            ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
     for x in plans:
-        tiles = [(0, len(x.idx), *results.pop(id(x)))] if id(x) in results else same_group.forward_tiles(p, x)
+        tiles = ([(0, len(x.idx), *results.pop(id(x)))] if id(x) in results
+                 else same_group.forward_tiles(p, x, ws, overlap))
         for r0, r1, o_p, l_p in tiles:
             if not overlap:
                 idx = x.idx[r0:r1]
@@ -87,6 +95,7 @@ def _forward(p: Problem, plans, varlen_fn=None):
                 put_rows_(o_acc, x.b, idx, o_m)
                 put_rows_(l_acc, x.b, idx, l_m)
             del o_p, l_p
+    ws.clear()
     if p.window > 0:
         for r0, r1, o_b, l_b in band.forward_chunks(p):
             o_r, l_r = o_acc[:, :, r0:r1], l_acc[:, :, r0:r1]

@@ -19,16 +19,20 @@ BAND_BLOCK = 64
 # top of the groups' 0.56 T^2), more than the masks cost: measured at T = 8192, K = 8, top-3, one thread, CPU time
 # 2143 ms (ie) vs 1850 ms (lowest); top-2 measured even (1008 vs 982 ms). ``decomposition="ie"`` still takes any k.
 IE_MAX_SET = 2
-# Causal tiles: an unmasked part longer than max(MIN_TILE, T / TILE_FRACTION) rows is cut into row tiles.
-# Measured at T = 8192 (K=8 top-1, model shapes): 1024-row tiles made the prefill kernel 1.7x slower than whole parts
-# (the fused op is already a flash kernel with bounded memory), so only very long parts are tiled.
+# Causal tiles (forward): an unmasked part longer than whole_rows(T) (two tiles; top-1 groups of K >= 8 are shorter)
+# is cut into query tiles of tile_rows(T) = max(MIN_TILE, T / TILE_FRACTION) rows, each attending its own rows
+# causally and the part's earlier tokens in key blocks of 2 tiles, so nothing part-sized is gathered: a tile's
+# temporaries (queries, keys, outputs) stay ~1/3 of the output whatever the part's size (top-2 parts hold ~2T/K
+# tokens, a Zipf giant group ~T/3). MIN_TILE keeps the fused calls out of their small-size regime (the op's
+# time per pair at 256 rows is ~1.5x that at 1024 and above). Overlapping parts (top-k > 1) are merged into the
+# accumulator through gathered slices, which cost memory of their own: their floor is half and their whole parts
+# one tile. Measured at T = 2048 (captured K=8 routing, one process): top-1 with a 256 floor 1.03x SDPA at 1.48x
+# its memory (128: 0.96x, 1.42x); top-2 with a 128 floor 0.39x at 1.49x (256: 0.43x at 1.92x).
 TILE_FRACTION = 16
-# The window band's row chunks hold at most T / BAND_FRACTION rows. Its blocks are views (no copied key windows), so a
-# chunk's temporaries are its mask and output, ~2x its share of the output. Measured at T = 2048 (captured K=8 top-1
-# routing, one thread): 16 chunks 59.6 ms, 8 chunks 55.6 ms, SDPA 56.1 ms; peak memory 0.97x SDPA either way, and
-# 1.30x at T = 8192 with 8 chunks (fewer: 1.5x and more).
-BAND_FRACTION = 8
-MIN_TILE = 16384
+MIN_TILE = 256
+# The window band's row chunks hold at most T / BAND_FRACTION rows: a chunk's temporaries (its mask, the fused op's
+# output and its copies of the strided key windows) are ~2.5x its share of the output.
+BAND_FRACTION = 16
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,23 @@ def row_chunk(n_keys: int, heads: int) -> int:
     return max(16, CHUNK_ELEMS // max(1, heads * n_keys))
 
 
-def tile_rows(t: int) -> int:
-    """Rows per causal tile of an unmasked part: bounds every per-part temporary to about ``1/TILE_FRACTION`` of
-    the output, whatever the group sizes (a giant group of imbalanced routing included)."""
-    return max(MIN_TILE, -(-t // TILE_FRACTION))
+def tile_rows(t: int, overlap: bool = False) -> int:
+    """Rows per causal query tile of an unmasked part (forward): bounds every per-part temporary to about
+    ``1/TILE_FRACTION`` of the output, whatever the group sizes (a giant group of imbalanced routing included);
+    key blocks are twice that, and parts up to twice that are done whole. ``overlap``: the parts are merged
+    into the accumulator (top-k > 1), so the floor is ``MIN_TILE / 2``."""
+    return max(MIN_TILE // 2 if overlap else MIN_TILE, -(-t // TILE_FRACTION))
+
+
+def whole_rows(t: int, overlap: bool = False) -> int:
+    """The largest unmasked part done in one causal call (forward): two tiles, or one when the parts are merged
+    into the accumulator (their merge slices hold memory of their own)."""
+    return tile_rows(t, overlap) * (1 if overlap else 2)
+
+
+def bwd_tile_rows(t: int) -> int:
+    """Rows per causal tile in the backward (which gathers the part's keys whole)."""
+    return 2 * tile_rows(t)
 
 
 def _token_major(xb: torch.Tensor) -> bool:
@@ -198,13 +215,47 @@ def _token_major(xb: torch.Tensor) -> bool:
     return xb.dim() >= 2 and xb.shape[0] > 1 and xb.stride(1) > xb.stride(0)
 
 
-def take_rows(x: torch.Tensor, b: int, idx: torch.Tensor) -> torch.Tensor:
+def take_rows(x: torch.Tensor, b: int, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[b][:, idx]`` ([H, n, ...]). On token-major memory whole token rows are gathered (16x faster at 8K tokens
-    than an element-strided gather); the result is then a strided view, which the fused op and matmul accept."""
+    than an element-strided gather); the result is then a strided view, which the fused op and matmul accept.
+    ``out``: a flat buffer of at least that many elements to write into (see :class:`Workspace`)."""
     xb = x[b]
     if _token_major(xb):
-        return xb.transpose(0, 1).index_select(0, idx).transpose(0, 1)
-    return xb.index_select(1, idx)
+        src = xb.transpose(0, 1)
+        if out is None:
+            return src.index_select(0, idx).transpose(0, 1)
+        return torch.index_select(src, 0, idx, out=out.view(len(idx), *src.shape[1:])).transpose(0, 1)
+    if out is None:
+        return xb.index_select(1, idx)
+    return torch.index_select(xb, 1, idx, out=out.view(xb.shape[0], len(idx), *xb.shape[2:]))
+
+
+class Workspace:
+    """Flat buffers that one forward's same-group gathers write into, one per slot (``"q"``, ``"k"``, ``"v"``),
+    sized once for the largest request (:meth:`reserve`) and reused part after part.
+
+    A fresh multi-MiB tensor per part is fresh pages: measured at 32K tokens, gathering a group's queries costs
+    ~5 ms into a new tensor against ~1.2 ms into a reused one; the page faults, not the copy, were the cost. A
+    slot's contents are valid until its next use, so a part's gathers must be dead before the next part starts
+    (the driver consumes each part's tiles before asking for the next part). :meth:`clear` before the window
+    band, so the buffers do not add to that phase's peak."""
+
+    def __init__(self):
+        self.bufs: dict[str, torch.Tensor] = {}
+
+    def reserve(self, slot: str, numel: int, like: torch.Tensor) -> None:
+        buf = self.bufs.get(slot)
+        if buf is None or buf.numel() < numel:
+            self.bufs[slot] = torch.empty(numel, dtype=like.dtype, device=like.device)
+
+    def rows(self, slot: str, x: torch.Tensor, b: int, idx: torch.Tensor) -> torch.Tensor:
+        """:func:`take_rows` into this slot's buffer (grown when too small)."""
+        numel = len(idx) * x[b, :, :1].numel()  # [H, n, ...]
+        self.reserve(slot, numel, x)
+        return take_rows(x, b, idx, out=self.bufs[slot][:numel])
+
+    def clear(self) -> None:
+        self.bufs.clear()
 
 
 def put_rows_(x: torch.Tensor, b: int, idx: torch.Tensor, src: torch.Tensor) -> None:
@@ -223,7 +274,11 @@ def token_major_zeros(p: Problem, *shape) -> torch.Tensor:
     return p.zeros(b, t, h, *rest).transpose(1, 2)
 
 
-def gather(x: torch.Tensor, plan: GroupPlan, r0: int = 0, r1: int | None = None) -> torch.Tensor:
-    """``[1, H, r1 - r0, D]`` rows ``r0:r1`` of the part (a strided view when ``x`` is token-major)."""
+def gather(x: torch.Tensor, plan: GroupPlan, r0: int = 0, r1: int | None = None, ws: Workspace | None = None,
+           slot: str = "") -> torch.Tensor:
+    """``[1, H, r1 - r0, D]`` rows ``r0:r1`` of the part (a strided view when ``x`` is token-major); into the
+    workspace's ``slot`` when one is given."""
     idx = plan.idx if (r0 == 0 and r1 is None) else plan.idx[r0:r1]
+    if ws is not None:
+        return ws.rows(slot, x, plan.b, idx).unsqueeze(0)
     return take_rows(x, plan.b, idx).unsqueeze(0)

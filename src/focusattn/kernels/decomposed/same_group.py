@@ -4,22 +4,29 @@ attributed to the lowest shared group (masked).
 
 Forward engines yield tiles ``(r0, r1, out [1, Hq, r1 - r0, D], lse [1, Hq, r1 - r0])`` (LSE float32, ``-inf`` for
 empty rows) so the caller merges each tile into its accumulator at once and no part-sized output outlives its tile.
-An unmasked part is cut into causal tiles of ``plan.tile_rows(T)`` rows: rows ``r0:r1`` attend the keys ``r0:r1``
-causally plus the keys ``0:r0`` in full (two unmasked fused calls, merged), the same pairs as one causal call.
+An unmasked part of more than ``2 * plan.tile_rows(T)`` tokens is cut into causal tiles of ``plan.tile_rows(T)`` rows:
+rows ``r0:r1`` attend the keys ``r0:r1`` causally plus the keys ``0:r0`` in full, in key blocks of two tiles (unmasked
+fused calls, merged in place), the same pairs as one causal call; the backward tiles by ``plan.bwd_tile_rows``.
 Backward engines add float32 gradients, times the part's sign, into the :class:`.plan.Grads` accumulators in place.
 """
 from __future__ import annotations
 
 import torch
 
-from ..lse import acc, merge_pair
+from ..lse import acc, acc_dtype, merge_pair, merge_signed_
 from .chunk import block_attn_bwd, block_attn_fwd
 from .fused import cpu_flash_bwd, cpu_flash_fwd, flash_rows
-from .plan import GroupPlan, Grads, Problem, gather, group_mask, row_chunk, take_rows, tile_rows
+from .plan import (GroupPlan, Grads, Problem, Workspace, bwd_tile_rows, gather, group_mask, row_chunk, take_rows,
+                   tile_rows, whole_rows)
 
 
-def forward_tiles(p: Problem, plan: GroupPlan):
-    return _fwd_cpu_flash(p, plan) if p.engine == "cpu-flash" else _fwd_generic(p, plan)
+def forward_tiles(p: Problem, plan: GroupPlan, ws: Workspace | None = None, overlap: bool = False):
+    """The part's tiles; ``ws``: gather into its reused buffers (valid until the next part's gathers);
+    ``overlap``: parts are merged into the accumulator (tile sizes: :func:`.plan.tile_rows`)."""
+    if p.engine != "cpu-flash":
+        return _fwd_generic(p, plan)
+    t = p.q.shape[2]
+    return _fwd_cpu_flash(p, plan, ws, tile_rows(t, overlap), whole_rows(t, overlap))
 
 
 def backward(p: Problem, plan: GroupPlan, g: Grads) -> None:
@@ -29,28 +36,51 @@ def backward(p: Problem, plan: GroupPlan, g: Grads) -> None:
         _bwd_generic(p, plan, g)
 
 
-def _fwd_cpu_flash(p: Problem, plan: GroupPlan):
+def _fwd_cpu_flash(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, whole: int):
     n = len(plan.idx)
-    kg, vg = gather(p.k, plan), gather(p.v, plan)
+    if not plan.masked and n > whole:  # a big part: query tiles against key blocks, nothing part-sized
+        yield from _fwd_tiled(p, plan, ws, tile)
+        return
+    kg, vg = gather(p.k, plan, ws=ws, slot="k"), gather(p.v, plan, ws=ws, slot="v")
     if not plan.masked:  # causal over the part; every row sees itself, so no empty rows
-        step = tile_rows(p.q.shape[2])
-        for r0 in range(0, n, step):
-            r1 = min(n, r0 + step)
-            qt = gather(p.q, plan, r0, r1)
-            o, lse = cpu_flash_fwd(qt, kg[:, :, r0:r1], vg[:, :, r0:r1], None, p.scale)
-            if r0:
-                o2, l2 = cpu_flash_fwd(qt, kg[:, :, :r0], vg[:, :, :r0], None, p.scale, causal=False)
-                o, lse = merge_pair(o, lse, o2, l2)
-                del o2, l2
-            del qt
-            yield r0, r1, o, lse
+        yield 0, n, *cpu_flash_fwd(gather(p.q, plan, ws=ws, slot="q"), kg, vg, None, p.scale)
         return
     step = flash_rows(n)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        o, lse = cpu_flash_fwd(gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale)
+        o, lse = cpu_flash_fwd(gather(p.q, plan, r0, r1, ws=ws, slot="q"), kg[:, :, :r1], vg[:, :, :r1], allowed,
+                               p.scale)
         yield r0, r1, o, lse
+        del o, lse, allowed
+
+
+def _merge_into(o, lse, o2, l2):
+    """``(o, lse)`` merged with a disjoint partial, in place when ``o`` is in the accumulation dtype."""
+    if o.dtype == acc_dtype(o.dtype):
+        return merge_signed_(o, lse, o2, l2)
+    return merge_pair(o, lse, o2, l2)
+
+
+def _fwd_tiled(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int):
+    """Rows ``r0:r1`` of the part: causal over their own keys, then every earlier key block of ``2 * tile`` keys
+    in full (unmasked fused calls), merged in place. Only tile- and block-sized rows are gathered (into ``ws``)."""
+    n = len(plan.idx)
+    block = 2 * tile
+    for r0 in range(0, n, tile):
+        r1 = min(n, r0 + tile)
+        qt = gather(p.q, plan, r0, r1, ws=ws, slot="q")
+        o, lse = cpu_flash_fwd(qt, gather(p.k, plan, r0, r1, ws=ws, slot="k"),
+                               gather(p.v, plan, r0, r1, ws=ws, slot="v"), None, p.scale)
+        for k0 in range(0, r0, block):
+            k1 = min(r0, k0 + block)
+            o2, l2 = cpu_flash_fwd(qt, gather(p.k, plan, k0, k1, ws=ws, slot="kb"),
+                                   gather(p.v, plan, k0, k1, ws=ws, slot="vb"), None, p.scale, causal=False)
+            o, lse = _merge_into(o, lse, o2, l2)
+            del o2, l2
+        del qt
+        yield r0, r1, o, lse
+        del o, lse  # the caller has merged them: not alive during the next tile's calls (peak memory)
 
 
 def _fwd_generic(p: Problem, plan: GroupPlan):
@@ -107,7 +137,7 @@ def _bwd_cpu_flash(p: Problem, plan: GroupPlan, g: Grads) -> None:
     n = len(plan.idx)
     kg, vg = gather(p.k, plan), gather(p.v, plan)
     if not plan.masked:
-        step = tile_rows(p.q.shape[2])
+        step = bwd_tile_rows(p.q.shape[2])
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             qt = gather(p.q, plan, r0, r1)
