@@ -17,16 +17,17 @@ SPEED_TARGETS = {(32768, 8, 1): 6.5, (32768, 8, 2): 1.6, (32768, 16, 2): 3.0}
 
 # Why a target can be missed on this CPU, as profiled (shown under a target only when the JSON says it was missed).
 CAUSES = {
-    "speed": "the pair count is not the whole cost: each group's rows are gathered before the fused op runs, the "
-             "window band computes BAND_BLOCK + w keys per query through a masked fused call where w are needed, and "
-             "top-k > 1 adds inclusion-exclusion's intersection parts and merges of overlapping rows (README: where "
-             "the measured time goes)",
+    "speed": "the pair count is not the whole cost: each group's rows are gathered before the fused op runs and its "
+             "output is put back, the window band computes BAND_BLOCK + w keys per query through a masked fused call "
+             "where w are needed (the op copies the strided key windows), big parts run as tiles against key blocks "
+             "(more, smaller calls), and top-k > 1 adds inclusion-exclusion's intersection parts and merges of "
+             "overlapping rows (README: where the measured time goes)",
     "decode": "when a query's list holds a large share of the cache (top-2 of 8: about half), a step reads that "
-              "share of K and V (gathered) or all of them (one masked pass): at best 1/share on paper, about one "
-              "SDPA on this CPU",
-    "memory": "SDPA's whole extra footprint is its output; the kernel adds the LSE, one causal tile's gathered "
-              "queries, keys, values and output (T/16 rows against up to a whole group of keys), and for top-k > 1 "
-              "the merge of overlapping parts, which do not shrink with T as a share of the output",
+              "share of K and V (gathered) or all of them (one masked pass): at best 1/share on paper",
+    "memory": "SDPA's whole extra footprint is its output; the kernel adds the LSE, the largest whole part's (up to "
+              "T/8 rows) or one tile's gathered queries, keys, values and fused-op output, and the band chunk's "
+              "mask and key-window copies; at T <= 2K the fused op's small-call floor (256-row tiles) keeps these "
+              "near half the output",
     "cost_model": "the model counts pairs only: per-part dispatch, gathers, the band's masks and the merges are "
                   "O(T) or O(T w) terms that dominate at T <= 16K (the share of the limit rises with T)",
 }

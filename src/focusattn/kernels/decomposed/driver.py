@@ -74,9 +74,13 @@ def _forward(p: Problem, plans, varlen_fn=None):
     ws = Workspace()
     if plans and p.engine == "cpu-flash":  # sized once for the largest whole part or tile (see plan.Workspace)
         whole = whole_rows(t, overlap)
-        rows = max(len(x.idx) if len(x.idx) <= whole else tile_rows(t, overlap) for x in plans)
+        tile = tile_rows(t, overlap)
+        rows = max(len(x.idx) if len(x.idx) <= whole else tile for x in plans)
         for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
             ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
+        if any(len(x.idx) > whole and not x.masked for x in plans):  # tiled parts' key blocks (2 tiles)
+            for slot, x in (("kb", p.k), ("vb", p.v)):
+                ws.reserve(slot, x.shape[1] * 2 * tile * x.shape[-1], x)
     for x in plans:
         tiles = ([(0, len(x.idx), *results.pop(id(x)))] if id(x) in results
                  else same_group.forward_tiles(p, x, ws, overlap))
