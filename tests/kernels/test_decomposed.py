@@ -135,6 +135,7 @@ def test_causal_tiles_match_dense(monkeypatch, token_major, dtype):
     blocks (forward) or rectangle + causal-square pairs (backward), and merged into the output a few rows at a
     time; on both memory layouts, and in bf16 (whose tile outputs are merged out of place)."""
     monkeypatch.setattr(driver_mod, "MERGE_ROWS", 3)
+    monkeypatch.setattr(driver_mod, "MERGE_FRACTION", 10_000)
     monkeypatch.setattr(plan_mod, "MIN_TILE", 5)
     monkeypatch.setattr(plan_mod, "TILE_FRACTION", 1000)
     gen = torch.Generator().manual_seed(7)
