@@ -26,8 +26,9 @@ IE_MAX_SET = 2
 # tokens, a Zipf giant group ~T/3). MIN_TILE keeps the fused calls out of their small-size regime (the op's
 # time per pair at 256 rows is ~1.5x that at 1024 and above). Overlapping parts (top-k > 1) are merged into the
 # accumulator through gathered slices, which cost memory of their own: their floor is half and their whole parts
-# one tile. Measured at T = 2048 (captured K=8 routing, one process): top-1 with a 256 floor 1.03x SDPA at 1.48x
-# its memory (128: 0.96x, 1.42x); top-2 with a 128 floor 0.39x at 1.49x (256: 0.43x at 1.92x).
+# one tile. Measured at T = 2048 (captured K=8 routing): top-1 peak memory 1.48x SDPA's with a 256 floor, whose
+# whole parts keep the largest group (408 tokens) in one call (a 128 floor: 1.42x, that group in 4 tiles); top-2
+# 1.49x with a 128 floor (256: 1.92x).
 TILE_FRACTION = 16
 MIN_TILE = 256
 # The window band's row chunks hold at most T / BAND_FRACTION rows: a chunk's temporaries (its mask, the fused op's
