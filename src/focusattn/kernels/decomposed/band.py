@@ -62,10 +62,11 @@ class Band:
             ok &= kv[None, :, None, :]
         return ok.flatten(0, 1)
 
-    def chunks(self, bsz, hq, fraction):
-        """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/fraction`` of the sequence (so the
+    def chunks(self, bsz, hq):
+        """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/BAND_FRACTION`` of the sequence (so the
         chunk's temporaries stay a small fraction of the output at every T)."""
-        step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l), -(-self.nb // fraction)))
+        step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
+                          -(-self.nb // _plan.BAND_FRACTION)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 
@@ -119,7 +120,7 @@ def forward_chunks(p: Problem):
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
     c = band.c
-    for n0, n1 in band.chunks(bsz, hq, _plan.BAND_FRACTION):
+    for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         nn = n1 - n0
         r0, r1 = n0 * c, min(t, n1 * c)
@@ -148,7 +149,7 @@ def backward(p: Problem, g: Grads) -> None:
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
     fused = p.engine == "cpu-flash"
-    for n0, n1 in band.chunks(bsz, hq, _plan.BAND_FRACTION):
+    for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
         dob, ob, lb = band.q_blocks(g.do, n0, n1), band.q_blocks(g.o, n0, n1), band.q_blocks(g.lse, n0, n1)

@@ -23,8 +23,8 @@ same-group pairs (A) and cross-group local pairs (B), whose partial softmaxes ar
 
 Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups) plus inclusion–exclusion's
 intersections, B is ``T (w + C)`` pairs (query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor
-exists, and no ``[B, Hq, T, D]`` buffer besides the output: parts longer than ``plan.tile_rows(T)`` are cut into
-causal tiles (rows ``r0:r1`` against keys ``r0:r1`` causally plus keys ``0:r0`` in full), and each tile and band
+exists, and no ``[B, Hq, T, D]`` buffer besides the output: parts longer than ``plan.whole_rows(T)`` are cut into
+causal tiles (rows ``r0:r1`` against keys ``r0:r1`` causally plus keys ``0:r0`` in key blocks), and each tile and band
 chunk is merged into the output in place at once (peak extra memory: the output plus a few tile-sized buffers).
 
 Engines for part A: ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``: fused, returns LSE, one
@@ -50,8 +50,7 @@ from ..lse import merge_signed_
 from ..validation import empty_focus_result, validate_focus_inputs
 from . import band, same_group
 from .chunk import NEG_INF
-from .plan import (Grads, Problem, Workspace, plan_groups, put_rows_, take_rows, tile_rows, token_major_zeros,
-                   whole_rows)
+from .plan import Grads, Problem, plan_groups, put_rows_, take_rows, token_major_zeros
 
 # Rows per in-place signed merge of a tile into the accumulator: at least MERGE_ROWS, else T / MERGE_FRACTION (the
 # gathered slice is ~3% of the output; each slice is ~20 small ops, so at 32K tokens fixed 128-row slices cost
@@ -74,17 +73,8 @@ def _forward(p: Problem, plans, varlen_fn=None):
         plain = [x for x in plans if not x.masked]
         if plain:
             results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
-    ws = Workspace()
+    ws = same_group.workspace(p, plans, overlap)
     merge_rows = max(MERGE_ROWS, t // MERGE_FRACTION)
-    if plans and p.engine == "cpu-flash":  # sized once for the largest whole part or tile (see plan.Workspace)
-        whole = whole_rows(t, overlap)
-        tile = tile_rows(t, overlap)
-        rows = max(len(x.idx) if len(x.idx) <= whole else tile for x in plans)
-        for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
-            ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
-        if any(len(x.idx) > whole and not x.masked for x in plans):  # tiled parts' key blocks (2 tiles)
-            for slot, x in (("kb", p.k), ("vb", p.v)):
-                ws.reserve(slot, x.shape[1] * 2 * tile * x.shape[-1], x)
     for x in plans:
         tiles = ([(0, len(x.idx), *results.pop(id(x)))] if id(x) in results
                  else same_group.forward_tiles(p, x, ws, overlap))

@@ -221,14 +221,13 @@ def take_rows(x: torch.Tensor, b: int, idx: torch.Tensor, out: torch.Tensor | No
     than an element-strided gather); the result is then a strided view, which the fused op and matmul accept.
     ``out``: a flat buffer of at least that many elements to write into (see :class:`Workspace`)."""
     xb = x[b]
-    if _token_major(xb):
-        src = xb.transpose(0, 1)
-        if out is None:
-            return src.index_select(0, idx).transpose(0, 1)
-        return torch.index_select(src, 0, idx, out=out.view(len(idx), *src.shape[1:])).transpose(0, 1)
-    if out is None:
-        return xb.index_select(1, idx)
-    return torch.index_select(xb, 1, idx, out=out.view(xb.shape[0], len(idx), *xb.shape[2:]))
+    tm = _token_major(xb)
+    src = xb.transpose(0, 1) if tm else xb  # token rows are dim 0 of src when token-major, else dim 1
+    dim = 0 if tm else 1
+    if out is not None:
+        out = out.view(*src.shape[:dim], len(idx), *src.shape[dim + 1:])
+    rows = torch.index_select(src, dim, idx, out=out)
+    return rows.transpose(0, 1) if tm else rows
 
 
 class Workspace:

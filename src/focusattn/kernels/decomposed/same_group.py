@@ -4,7 +4,7 @@ attributed to the lowest shared group (masked).
 
 Forward engines yield tiles ``(r0, r1, out [1, Hq, r1 - r0, D], lse [1, Hq, r1 - r0])`` (LSE float32, ``-inf`` for
 empty rows) so the caller merges each tile into its accumulator at once and no part-sized output outlives its tile.
-An unmasked part of more than ``2 * plan.tile_rows(T)`` tokens is cut into causal tiles of ``plan.tile_rows(T)`` rows:
+An unmasked part of more than ``plan.whole_rows(T)`` tokens is cut into causal tiles of ``plan.tile_rows(T)`` rows:
 rows ``r0:r1`` attend the keys ``r0:r1`` causally plus the keys ``0:r0`` in full, in key blocks of two tiles (unmasked
 fused calls, merged in place), the same pairs as one causal call; the backward tiles by ``plan.bwd_tile_rows``.
 Backward engines add float32 gradients, times the part's sign, into the :class:`.plan.Grads` accumulators in place.
@@ -34,6 +34,23 @@ def backward(p: Problem, plan: GroupPlan, g: Grads) -> None:
         _bwd_cpu_flash(p, plan, g)
     else:
         _bwd_generic(p, plan, g)
+
+
+def workspace(p: Problem, plans: list[GroupPlan], overlap: bool) -> Workspace:
+    """The forward's gather buffers, sized once for what :func:`_fwd_cpu_flash` will gather: the largest whole
+    part, or a tile and its key blocks (so no part's gather grows them, which would fault in fresh pages again)."""
+    ws = Workspace()
+    if not plans or p.engine != "cpu-flash":
+        return ws
+    t = p.q.shape[2]
+    tile, whole = tile_rows(t, overlap), whole_rows(t, overlap)
+    rows = max(len(x.idx) if len(x.idx) <= whole else tile for x in plans)
+    for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
+        ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
+    if any(len(x.idx) > whole and not x.masked for x in plans):  # tiled parts' key blocks (2 tiles)
+        for slot, x in (("kb", p.k), ("vb", p.v)):
+            ws.reserve(slot, x.shape[1] * 2 * tile * x.shape[-1], x)
+    return ws
 
 
 def _fwd_cpu_flash(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, whole: int):
