@@ -36,3 +36,17 @@ def test_report_cli_errors(tmp_path, capsys):
     assert "no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["nonsense-command"])
+
+
+def test_gpu_bench_section_renders_measured_rows(tmp_path):
+    """The GPU run's JSON (scripts/gpu_bench.py) becomes a table with the speed-up computed from its medians."""
+    row = {"T": 32768, "dtype": "bfloat16", "routing": "random", "K": 8, "top_k": 1, "window": 128,
+           "forward_s": {"sdpa": 0.003, "decomposed": 0.002, "decomposed_per_part": 0.01, "part_a_only": 0.0015},
+           "memory_ratio_vs_sdpa": {"decomposed": 11.0}, "theoretical_ratio": 7.5,
+           "forward_backward_ratio_vs_sdpa": 0.9}
+    doc = {"schema": "focusattn.gpu_bench/1", "device": "GPU X", "torch": "2.x", "command": "scripts/gpu_check.sh",
+           "mem_efficient_engine": {"ok": True, "reason": "ok"}, "flash_varlen_engine": {"ok": True, "reason": "ok"},
+           "complete": False, "results": [row]}
+    (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "GPU X" in text and "**1.50x**" in text and "0.90x" in text and "stopped before" in text

@@ -1,53 +1,182 @@
 """The CUDA paths of the decomposed kernel against the dense reference (skipped without a GPU; run on a GPU machine
-with ``scripts/gpu_check.sh``)."""
+with ``scripts/gpu_check.sh``): part A packed into one variable-length call (the CUDA default), the
+memory-efficient engine part by part, and the generic engine, in float32 and fp16/bf16 (outputs, LSE, gradients),
+and on the property-test problems of the CPU suite."""
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 from focusattn.kernels.api import focus_attention
-from focusattn.kernels.backends import flash_attn_varlen
+from focusattn.kernels.backends import cuda_fused_available, flash_attn_varlen
+from focusattn.kernels.decomposed import decomposed_focus_attention
+from focusattn.kernels.decomposed import driver as driver_mod
+from focusattn.kernels.decomposed import plan as plan_mod
+from focusattn.kernels.decomposed.fused import (_flash_probe_error, cuda_flash_varlen_status, cuda_fused_status,
+                                                cuda_varlen_bwd, cuda_varlen_fwd)
 from focusattn.kernels.reference import dense_focus_attention
 from tests.conftest import random_membership
+from tests.kernels.test_decomposed import problems
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEV = torch.device("cuda")
+# engine -> how the test selects it: (varlen_fn, force the generic engine)
+ENGINES = {"packed": ("auto", False), "packed-mem-efficient": (driver_mod.CUDA_VARLEN, False),
+           "mem-efficient": (None, False), "generic": (None, True)}
 
 
-def _problem(dtype, t=300, top_k=2, seed=0):
+@pytest.fixture
+def engine(request, monkeypatch):
+    varlen, generic = ENGINES[request.param]
+    if generic:
+        monkeypatch.setattr(plan_mod.Problem, "engine", property(lambda self: "generic"))
+    return varlen
+
+
+def _problem(dtype, t=300, top_k=2, seed=0, token_major=False):
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = torch.randn(2, 6, t, 64, generator=gen), *(torch.randn(2, 2, t, 64, generator=gen) for _ in "kv")
+    if token_major:
+        q, k, v = (torch.randn(2, t, h, 64, generator=gen).transpose(1, 2) for h in (6, 2, 2))
+    else:
+        q, k, v = torch.randn(2, 6, t, 64, generator=gen), *(torch.randn(2, 2, t, 64, generator=gen) for _ in "kv")
     memb = random_membership(2, t, 5, top_k, gen=gen)
     kpm = torch.ones(2, t, dtype=torch.bool)
     kpm[1, :17] = False
-    dev = torch.device("cuda")
-    return (*(x.to(dev, dtype) for x in (q, k, v)), memb.to(dev), kpm.to(dev))
+    return (*(x.to(DEV, dtype) for x in (q, k, v)), memb.to(DEV), kpm.to(DEV))
 
 
+def _run(fn, q, k, v, seed=1):
+    """Output, LSE and q/k/v gradients of ``out·go + lse·gl`` (an LSE gradient too, as a merged caller has)."""
+    gen = torch.Generator().manual_seed(seed)
+    go = torch.randn(q.shape, generator=gen).to(q.device)
+    gl = torch.randn(q.shape[:3], generator=gen).to(q.device)
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    out, lse = fn(*leaves)
+    loss = (out.float() * go).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * gl).sum()
+    return (out.detach().float(), lse.detach(), *(g.float() for g in torch.autograd.grad(loss, leaves)))
+
+
+def _check(ref, got, tol):
+    assert torch.equal(torch.isneginf(got[1]), torch.isneginf(ref[1]))
+    fin = torch.isfinite(ref[1])
+    assert not fin.any() or (got[1][fin] - ref[1][fin]).abs().max() <= tol * 10
+    for name, r, g in zip(("out", "dq", "dk", "dv"), (ref[0], *ref[2:]), (got[0], *got[2:])):
+        err = float((r - g).abs().max())
+        assert err <= tol * max(1.0, float(r.abs().max())), f"{name}: {err:.2e}"
+
+
+def test_memory_efficient_probe_passes():
+    """The engine is only used after its probe: on a GPU machine it must pass, or every test below would be
+    testing the generic fallback."""
+    ok, reason = cuda_fused_status()
+    assert ok, reason
+    assert cuda_fused_available()
+    print("flash_attn varlen:", flash_attn_varlen() is not None)
+
+
+@pytest.mark.parametrize("engine", list(ENGINES), indirect=True)
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_cuda_fp32_outputs_and_gradients(top_k):
-    q, k, v, memb, kpm = _problem(torch.float32, top_k=top_k)
-    go = torch.randn_like(q)
-
-    def run(fn):
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out = fn(*leaves)
-        return (out.detach(), *torch.autograd.grad((out * go).sum(), leaves))
-
-    ref = run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm))
-    got = run(lambda a, b, c: focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, backend="decomposed"))
-    for r, g in zip(ref, got):
-        assert (r - g).abs().max() <= 1e-4  # TF32 may be on for matmuls
+@pytest.mark.parametrize("token_major", [False, True])
+def test_fp32_outputs_lse_and_gradients(engine, top_k, token_major):
+    q, k, v, memb, kpm = _problem(torch.float32, top_k=top_k, token_major=token_major)
+    ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True),
+               q, k, v)
+    got = _run(lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True,
+                                                          varlen_fn=engine), q, k, v)
+    _check(ref, got, 1e-4)  # TF32 may be on for the reference's matmuls
 
 
+@pytest.mark.parametrize("engine", list(ENGINES), indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_cuda_half_precision_forward(dtype, top_k):
-    """fp16/bf16 forward: flash-attn varlen for the unmasked parts when installed, the generic engine otherwise."""
-    q, k, v, memb, _ = _problem(dtype, top_k=top_k)
-    ref = dense_focus_attention(q.float(), k.float(), v.float(), memb, 16)
-    out = focus_attention(q, k, v, memb, 16, backend="decomposed")
-    assert out.dtype == dtype
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+def test_half_precision_outputs_and_gradients(engine, dtype, top_k):
+    """Against the float32 reference on the same rounded inputs."""
+    q, k, v, memb, kpm = _problem(dtype, top_k=top_k)
+    ref = _run(lambda a, b, c: dense_focus_attention(a.float(), b.float(), c.float(), memb, 16, key_padding_mask=kpm,
+                                                     return_lse=True), q, k, v)
+    got = _run(lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True,
+                                                          varlen_fn=engine), q, k, v)
+    assert got[0].dtype == torch.float32 and got[2].dtype == torch.float32  # (cast by _run)
+    _check(ref, got, 3e-2)
 
 
-def test_report_varlen_engine():
-    """Not an assertion about speed: records in the log whether flash-attn varlen was usable on this machine."""
-    print("flash_attn varlen:", flash_attn_varlen() is not None)
+@pytest.mark.parametrize("engine", ["mem-efficient"], indirect=True)
+def test_causal_tiles_and_band_views_on_cuda(engine, monkeypatch):
+    """Tiny tiles, merge slices and band blocks: the tiled forward, the in-place merges and the band's strided
+    block views on the CUDA op (batch 1, both layouts)."""
+    monkeypatch.setattr(driver_mod, "MERGE_ROWS", 3)
+    monkeypatch.setattr(driver_mod, "MERGE_FRACTION", 10_000)
+    monkeypatch.setattr(plan_mod, "MIN_TILE", 5)
+    monkeypatch.setattr(plan_mod, "TILE_FRACTION", 1000)
+    monkeypatch.setattr(plan_mod, "BAND_BLOCK", 4)
+    monkeypatch.setattr(plan_mod, "BAND_FRACTION", 10_000)
+    for token_major in (False, True):
+        for top_k in (1, 2, 3):
+            q, k, v, memb, _ = _problem(torch.float32, t=90, top_k=top_k, seed=top_k, token_major=token_major)
+            q, k, v, memb = q[:1], k[:1], v[:1], memb[:1]
+            ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 7, return_lse=True), q, k, v)
+            got = _run(lambda a, b, c: decomposed_focus_attention(a, b, c, memb, 7, return_lse=True, varlen_fn=engine),
+                       q, k, v)
+            _check(ref, got, 1e-4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prob=problems())
+def test_property_problems_on_cuda(prob):
+    """The CPU suite's random problems (shapes, GQA, head sizes 4 and 8 that the op needs padded, windows,
+    padding, variable set sizes) through ``focus_attention`` on CUDA, against the dense reference."""
+    q, k, v, memb, window, kpm = (None if x is None else x.to(DEV) if torch.is_tensor(x) else x for x in prob)
+    ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, window, key_padding_mask=kpm, return_lse=True),
+               q, k, v)
+    got = _run(lambda a, b, c: focus_attention(a, b, c, memb, window, key_padding_mask=kpm, return_lse=True,
+                                               backend="decomposed"), q, k, v)
+    _check(ref, got, 1e-4)
+
+
+def test_auto_packs_part_a_on_cuda():
+    """``varlen_fn="auto"`` on CUDA takes the packed path for unmasked parts, the per-part one with padding."""
+    q, k, v, memb, kpm = _problem(torch.bfloat16)
+    p = plan_mod.Problem(q, k, v, memb, None, 16, 0.125, None)
+    assert p.engine == "cuda-mem-efficient"
+    plans = plan_mod.plan_groups(memb, None)
+    assert driver_mod._packed_varlen(p, plans, "auto") is driver_mod.CUDA_FLASH_VARLEN
+    p32 = plan_mod.Problem(q.float(), k.float(), v.float(), memb, None, 16, 0.125, None)
+    assert driver_mod._packed_varlen(p32, plans, "auto") is driver_mod.CUDA_VARLEN
+    assert driver_mod._packed_varlen(p, plan_mod.plan_groups(memb, kpm & (torch.arange(300, device=DEV) % 7 > 0)),
+                                     "auto") is None
+
+
+def test_flash_varlen_probe_passes():
+    """PyTorch's bundled FlashAttention in its variable-length form (forward and backward, GQA, an LSE gradient)
+    against plain matmul/softmax: the packed bf16/fp16 default on CUDA."""
+    assert _flash_probe_error(DEV) is None
+    ok, reason = cuda_flash_varlen_status()
+    assert ok, reason
+
+
+def test_varlen_matches_per_sequence_reference():
+    """:func:`cuda_varlen_fwd` / :func:`cuda_varlen_bwd` (all sequences in one call, GQA, an LSE gradient)
+    against plain matmul/softmax per sequence."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [5, 37, 1, 64]
+    q, k, v, do = (torch.randn(sum(lens), h, 64, generator=gen, dtype=torch.float64) for h in (6, 2, 2, 6))
+    dl = torch.randn(sum(lens), 6, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    ref_o, ref_l = [], []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qs, ks, vs = (x[a:b].transpose(0, 1) for x in leaves)
+        ks, vs = ks.repeat_interleave(3, 0), vs.repeat_interleave(3, 0)
+        s = (qs @ ks.transpose(-1, -2) * 0.125).masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(),
+                                                            float("-inf"))
+        ref_l.append(torch.logsumexp(s, -1).t())
+        ref_o.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
+    ref_o, ref_l = torch.cat(ref_o), torch.cat(ref_l)
+    ref_g = torch.autograd.grad((ref_o * do).sum() + (ref_l * dl).sum(), leaves)
+    c = [x.to(DEV, torch.float32) for x in (q, k, v, do, dl)]
+    cu = cu.to(DEV)
+    out, lse = cuda_varlen_fwd(c[0], c[1], c[2], cu, max(lens), 0.125)
+    assert (out.double().cpu() - ref_o.detach()).abs().max() <= 1e-4
+    assert (lse.double().cpu() - ref_l.detach()).abs().max() <= 1e-4
+    grads = cuda_varlen_bwd(c[3], c[0], c[1], c[2], out, lse, c[4], cu, max(lens), 0.125)
+    for r, g in zip(ref_g, grads):
+        assert (g.double().cpu() - r).abs().max() <= 1e-3 * max(1.0, float(r.abs().max()))

@@ -115,6 +115,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          {"plot_link": "results/bench_bfloat16.png"}, []),
         ("bench_float16.json", "### Kernels with float16 inputs", bench_markdown,
          {"plot_link": "results/bench_float16.png"}, []),
+        ("gpu_bench.json", "### The kernels on a GPU (`scripts/gpu_check.sh`)", render_gpu_bench, {}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
         ("lab.json", None, lab_markdown, {}, ["lab.loss.png", "lab.attention.png"]),
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
@@ -162,6 +163,33 @@ def update_block(path: Path, name: str, text: str) -> bool:
     head, rest = s.split(begin, 1)
     write_text(path, head + begin + "\n" + text.strip() + "\n" + end + rest.split(end, 1)[1])
     return True
+
+
+def render_gpu_bench(doc: dict) -> str:
+    """The GPU run of :mod:`scripts/gpu_bench.py`: forward times (ms, CUDA-event medians, compared calls alternated),
+    the default path's speed-up over causal SDPA, forward + backward and peak extra memory ratios."""
+    fl, me = doc.get("flash_varlen_engine", {}), doc.get("mem_efficient_engine", {})
+    lines = [f"Command: `{doc.get('command')}` on {doc['device']}, torch {doc['torch']}, {doc.get('time_utc', '')}. "
+             f"{doc.get('method', '')}. Engines: part A packed into one variable-length call (FlashAttention-2 "
+             f"varlen for bf16: probe {fl.get('reason', '?')}; memory-efficient varlen for float32: probe "
+             f"{me.get('reason', '?')}), window band one memory-efficient call with a mask. `decomposed` is the "
+             "default (`varlen_fn=\"auto\"`); `per part` the CPU-style path (`varlen_fn=None`); `packed m-e` the "
+             "packed path on the memory-efficient op; `part A` the default without the window band (w = 0).", "",
+             "| T | dtype | routing | K | top-k | SDPA | decomposed | speed-up | per part | packed m-e | part A | "
+             "flex | fwd+bwd speed-up | memory vs SDPA | cost model |", "|" + "---|" * 15]
+    ms = lambda x: "" if x is None else f"{x * 1e3:.2f}"  # noqa: E731
+    for r in doc["results"]:
+        f = r["forward_s"]
+        fb = r.get("forward_backward_ratio_vs_sdpa")
+        lines.append(f"| {r['T']} | {r['dtype']} | {r['routing']} | {r['K']} | {r['top_k']} | {ms(f['sdpa'])} | "
+                     f"{ms(f['decomposed'])} | **{f['sdpa'] / f['decomposed']:.2f}x** | "
+                     f"{ms(f.get('decomposed_per_part'))} | {ms(f.get('packed_mem_efficient'))} | "
+                     f"{ms(f.get('part_a_only'))} | {ms(f.get('flex'))} | "
+                     f"{'' if fb is None else f'{fb:.2f}x'} | "
+                     f"{r['memory_ratio_vs_sdpa']['decomposed']:.1f}x | {r['theoretical_ratio']:.2f}x |")
+    if not doc.get("complete", True):
+        lines += ["", "_The run stopped before its last configuration._"]
+    return "\n".join(lines)
 
 
 def render_lazy_bench(res: dict) -> str:

@@ -15,8 +15,8 @@ logger = logging.getLogger("focusattn")
 
 BACKENDS = ("auto", "dense", "decomposed", "flex")
 
-# dtypes PyTorch's CPU flash kernel accepts; others (float64) take the generic chunked path.
-CPU_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# dtypes PyTorch's fused ops (CPU flash, CUDA memory-efficient) accept; others (float64) take the generic chunked path.
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Compiled FlexAttention on CPU (torch 2.13): inference only and no LSE output ("torch.compile on CPU only supports
 # inference and `return_lse` is not supported yet"); the eager fallback materialises [Tq, Tk] scores.
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -28,6 +28,16 @@ def cpu_flash_available() -> bool:
     return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
         torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
     )
+
+
+def cuda_fused_available() -> bool:
+    """PyTorch's CUDA memory-efficient attention op (LSE out, global O/LSE in the backward), once a tiny probe
+    against plain matmul/softmax passed (:func:`.decomposed.fused.cuda_fused_status`; a failure is logged)."""
+    if not torch.cuda.is_available():
+        return False
+    from .decomposed.fused import cuda_fused_status
+
+    return cuda_fused_status()[0]
 
 
 @functools.cache
@@ -73,6 +83,11 @@ def check_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> st
 @functools.cache
 def _log_auto_choice(device: str, dtype: str, choice: str) -> None:
     """Logged once per (device, dtype): enough to know what ran without flooding a decode loop."""
-    engine = "cpu-flash" if device == "cpu" and cpu_flash_available() else (
-        "flash-attn varlen (inference)" if device == "cuda" and flash_attn_varlen() else "generic chunked")
+    if device == "cpu":
+        engine = "cpu-flash" if cpu_flash_available() else "generic chunked"
+    else:
+        fused = "cuda-mem-efficient" if device == "cuda" and cuda_fused_available() else "generic chunked"
+        varlen = "flash-attn" if device == "cuda" and flash_attn_varlen() else "mem-efficient" if fused != (
+            "generic chunked") else None
+        engine = fused + (f", forward varlen: {varlen}" if varlen else "")
     logger.info("focus_attention backend='auto' -> %r on %s/%s (same-group engine: %s)", choice, device, dtype, engine)

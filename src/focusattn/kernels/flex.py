@@ -78,7 +78,8 @@ def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=Non
             return apply_softcap(score, softcap)
     scale = default_scale(q.shape[-1], scale)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    can_compile = not needs_grad and not return_lse
+    # compiled flex on CUDA has gradients and LSE; on CPU (torch 2.13) it has neither
+    can_compile = q.device.type != "cpu" or (not needs_grad and not return_lse)
     if compile is None:
         compile = can_compile
     if compile and not can_compile and q.device.type == "cpu":

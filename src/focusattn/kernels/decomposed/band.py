@@ -13,7 +13,7 @@ from ..common import group_bits
 from ..lse import acc
 from . import plan as _plan
 from .chunk import block_attn_bwd, block_attn_fwd
-from .fused import cpu_flash_bwd, cpu_flash_fwd
+from .fused import fused_bwd, fused_fwd
 from .plan import Grads, Problem
 
 
@@ -23,7 +23,7 @@ class Band:
     def __init__(self, t: int, window: int, membership, kpm):
         device = membership.device
         block = _plan.BAND_BLOCK
-        self.t, self.window, self.c = t, window, block
+        self.t, self.window, self.c, self.device = t, window, block, device
         self.nb = -(-t // block)
         self.l = block + window
         nbr = torch.arange(self.nb, device=device)
@@ -64,9 +64,13 @@ class Band:
 
     def chunks(self, bsz, hq):
         """Block ranges of at most ``CHUNK_ELEMS`` score elements and ``1/BAND_FRACTION`` of the sequence (so the
-        chunk's temporaries stay a small fraction of the output at every T)."""
-        step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
-                          -(-self.nb // _plan.BAND_FRACTION)))
+        chunk's temporaries stay a small fraction of the output at every T); on CUDA, where the fused op never
+        materialises scores and each call costs a launch, up to ``CUDA_BAND_ELEMS`` mask elements per chunk."""
+        if self.device.type == "cuda":
+            step = max(1, _plan.CUDA_BAND_ELEMS // max(1, bsz * self.c * self.l))
+        else:
+            step = max(1, min(_plan.CHUNK_ELEMS // max(1, bsz * hq * self.c * self.l),
+                              -(-self.nb // _plan.BAND_FRACTION)))
         for n0 in range(0, self.nb, step):
             yield n0, min(self.nb, n0 + step)
 
@@ -118,14 +122,14 @@ def forward_chunks(p: Problem):
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
-    fused = p.engine == "cpu-flash"
+    fused = p.fused
     c = band.c
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         nn = n1 - n0
         r0, r1 = n0 * c, min(t, n1 * c)
         if fused and bsz == 1:
-            o, l_ = cpu_flash_fwd(blocks_view(q, r0, nn, c, c), blocks_view(k, r0 - p.window, nn, band.l, c),
+            o, l_ = fused_fwd(blocks_view(q, r0, nn, c, c), blocks_view(k, r0 - p.window, nn, band.l, c),
                                   blocks_view(v, r0 - p.window, nn, band.l, c), allowed[:, None], p.scale)
             if r1 - r0 == nn * c:
                 yield r0, r1, o.transpose(0, 1)[None], l_.transpose(0, 1)[None]
@@ -133,7 +137,7 @@ def forward_chunks(p: Problem):
         else:
             qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
             if fused:
-                o, l_ = cpu_flash_fwd(qb, kb, vb, allowed[:, None], p.scale)
+                o, l_ = fused_fwd(qb, kb, vb, allowed[:, None], p.scale)
             else:
                 o, l_ = block_attn_fwd(qb.view(qb.shape[0], hkv, hq // hkv, c, d), kb, vb,
                                        allowed[:, None, None], p.scale, p.softcap)
@@ -148,14 +152,14 @@ def backward(p: Problem, g: Grads) -> None:
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
     band = Band(t, p.window, p.membership, p.kpm)
-    fused = p.engine == "cpu-flash"
+    fused = p.fused
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)
         qb, kb, vb = band.q_blocks(q, n0, n1), band.k_windows(k, n0, n1), band.k_windows(v, n0, n1)
         dob, ob, lb = band.q_blocks(g.do, n0, n1), band.q_blocks(g.o, n0, n1), band.q_blocks(g.lse, n0, n1)
         dlb = None if g.dlse is None else band.q_blocks(g.dlse, n0, n1)
         if fused:
-            a, b_, c = cpu_flash_bwd(dob, qb, kb, vb, ob, lb, dlb, allowed[:, None], p.scale)
+            a, b_, c = fused_bwd(dob, qb, kb, vb, ob, lb, dlb, allowed[:, None], p.scale)
         else:
             g5 = lambda x: x.reshape(x.shape[0], hkv, hq // hkv, *x.shape[2:])  # noqa: E731
             a, b_, c = block_attn_bwd(g5(qb), kb, vb, allowed[:, None, None], p.scale, p.softcap, g5(dob), g5(ob),

@@ -28,8 +28,9 @@ causal tiles (rows ``r0:r1`` against keys ``r0:r1`` causally plus keys ``0:r0`` 
 chunk is merged into the output in place at once (peak extra memory: the output plus a few tile-sized buffers).
 
 Engines for part A: ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``: fused, returns LSE, one
-call per group, so groups are packed with no padding waste — the CPU analogue of varlen), ``varlen`` (flash-attn on
-CUDA, forward only: all groups in one packed call), and ``generic`` (chunked matmul/softmax in float32; used for
+call per group, so groups are packed with no padding waste — the CPU analogue of varlen), ``cuda-mem-efficient``
+(``aten._efficient_attention_forward/backward``, the same calls on CUDA), ``varlen`` (CUDA forward only: all groups
+in one packed call, flash-attn's or the memory-efficient op's), and ``generic`` (chunked matmul/softmax in float32; used for
 softcap, which the fused CPU op lacks, and for dtypes/devices without a fused op).
 
 Gradients: the fused op's LSE carries no autograd graph, so the whole computation is one ``autograd.Function``.
@@ -48,8 +49,11 @@ from ..backends import flash_attn_varlen
 from ..common import default_scale
 from ..lse import merge_signed_
 from ..validation import empty_focus_result, validate_focus_inputs
-from . import band, same_group
+from . import band, packed, same_group
 from .chunk import NEG_INF
+from .fused import (cuda_flash_varlen_bwd, cuda_flash_varlen_fwd, cuda_flash_varlen_status, cuda_varlen_bwd,
+                    cuda_varlen_fwd, flash_attn_forward)
+from .packed import Varlen
 from .plan import Grads, Problem, plan_groups, put_rows_, take_rows, token_major_zeros
 
 # Rows per in-place signed merge of a tile into the accumulator: at least MERGE_ROWS, else T / MERGE_FRACTION (the
@@ -57,28 +61,42 @@ from .plan import Grads, Problem, plan_groups, put_rows_, take_rows, token_major
 # ~0.4 s of a top-2 call).
 MERGE_ROWS = 256
 MERGE_FRACTION = 32
+# Part A packed on CUDA, variable-length forms of PyTorch's ops (forward and backward): FlashAttention-2 for
+# fp16/bf16 when its probe passes (measured on an H200: its memory-efficient counterpart took 5.3 ms for the parts
+# of a 32K top-2 call), the memory-efficient op otherwise (float32 too).
+CUDA_VARLEN = Varlen("cuda-mem-efficient", cuda_varlen_fwd, cuda_varlen_bwd)
+CUDA_FLASH_VARLEN = Varlen("cuda-flash", cuda_flash_varlen_fwd, cuda_flash_varlen_bwd)
 
 
-def _forward(p: Problem, plans, varlen_fn=None):
-    """Merge every part into one ``[B, Hq, T, D]`` accumulator, tile by tile and in place: the only buffers that
-    outlive a tile are the output and its LSE."""
+def _forward(p: Problem, plans, varlen: Varlen | None = None):
+    """Merge every part into one ``[B, Hq, T, D]`` accumulator, in place; ``varlen``: part A packed
+    (:mod:`.packed`), else one part at a time (:func:`_forward_parts`). Then the window band, chunk by chunk."""
+    bsz, hq, t, d = p.q.shape
+    if varlen is not None:
+        o_acc, l_acc = packed.forward(p, plans, varlen, rows_per_merge=max(1, bsz * t))
+    else:
+        o_acc, l_acc = _forward_parts(p, plans)
+    if p.window > 0:
+        for r0, r1, o_b, l_b in band.forward_chunks(p):
+            o_r, l_r = o_acc[:, :, r0:r1], l_acc[:, :, r0:r1]
+            if o_b.dim() == 5:  # whole blocks [B, Hq, n, C, D]: merge into the same view of the accumulator
+                o_r, l_r = o_r.unflatten(2, o_b.shape[2:4]), l_r.unflatten(2, o_b.shape[2:4])
+            merge_signed_(o_r, l_r, o_b, l_b)
+    return o_acc, l_acc
+
+
+def _forward_parts(p: Problem, plans):
+    """Part A tile by tile (:mod:`.same_group`), each tile merged into the accumulator at once: the only buffers
+    that outlive a tile are the output and its LSE."""
     bsz, hq, t, d = p.q.shape
     o_acc = token_major_zeros(p, bsz, hq, t, d)
     l_acc = token_major_zeros(p, bsz, hq, t).fill_(NEG_INF)
     # top-1 (one part per token, all positive): each tile is copied in, no merge
     overlap = bool((p.membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
-
-    results = {}
-    if varlen_fn is not None:
-        plain = [x for x in plans if not x.masked]
-        if plain:
-            results = dict(zip((id(x) for x in plain), same_group.forward_varlen(p, plain, varlen_fn)))
     ws = same_group.workspace(p, plans, overlap)
     merge_rows = max(MERGE_ROWS, t // MERGE_FRACTION)
     for x in plans:
-        tiles = ([(0, len(x.idx), *results.pop(id(x)))] if id(x) in results
-                 else same_group.forward_tiles(p, x, ws, overlap))
-        for r0, r1, o_p, l_p in tiles:
+        for r0, r1, o_p, l_p in same_group.forward_tiles(p, x, ws, overlap):
             if not overlap:
                 idx = x.idx[r0:r1]
                 put_rows_(o_acc, x.b, idx, o_p[0].to(o_acc.dtype))
@@ -94,13 +112,28 @@ def _forward(p: Problem, plans, varlen_fn=None):
                 put_rows_(l_acc, x.b, idx, l_m)
             del o_p, l_p
     ws.clear()
-    if p.window > 0:
-        for r0, r1, o_b, l_b in band.forward_chunks(p):
-            o_r, l_r = o_acc[:, :, r0:r1], l_acc[:, :, r0:r1]
-            if o_b.dim() == 5:  # whole blocks [B, Hq, n, C, D]: merge into the same view of the accumulator
-                o_r, l_r = o_r.unflatten(2, o_b.shape[2:4]), l_r.unflatten(2, o_b.shape[2:4])
-            merge_signed_(o_r, l_r, o_b, l_b)
     return o_acc, l_acc
+
+
+def _packed_varlen(p: Problem, plans, varlen_fn) -> Varlen | None:
+    """The packed kernel for part A, or None for the per-part path: ``varlen_fn`` resolved (see
+    :func:`decomposed_focus_attention`); packing needs unmasked parts and no softcap."""
+    if varlen_fn is None or p.softcap is not None or not plans or any(x.masked for x in plans):
+        return None
+    if isinstance(varlen_fn, Varlen):
+        return varlen_fn
+    cuda_bwd = cuda_varlen_bwd if p.engine == "cuda-mem-efficient" else None
+    if isinstance(varlen_fn, str):  # "auto"
+        if p.engine != "cuda-mem-efficient":
+            return None
+        if p.q.dtype in (torch.float16, torch.bfloat16):
+            fa = flash_attn_varlen()
+            if fa is not None:
+                return Varlen("flash-attn", flash_attn_forward(fa), cuda_bwd)
+            if cuda_flash_varlen_status()[0]:
+                return CUDA_FLASH_VARLEN
+        return CUDA_VARLEN
+    return Varlen("custom", flash_attn_forward(varlen_fn), cuda_bwd)
 
 
 class _DecomposedFocus(torch.autograd.Function):
@@ -108,10 +141,12 @@ class _DecomposedFocus(torch.autograd.Function):
     def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap)
         plans = plan_groups(membership, kpm, decomposition)
-        o, lse = _forward(p, plans, varlen_fn)
+        varlen = _packed_varlen(p, plans, varlen_fn)
+        o, lse = _forward(p, plans, varlen)
         out = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
         ctx.plans, ctx.window, ctx.scale, ctx.softcap = plans, window, scale, softcap
+        ctx.varlen = varlen if varlen is not None and varlen.bwd is not None else None
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -127,10 +162,16 @@ class _DecomposedFocus(torch.autograd.Function):
             dout = torch.zeros_like(out)
         if dlse is not None and bool(empty.any()):  # an empty row's LSE is a constant -inf: no gradient reaches it
             dlse = dlse.masked_fill(empty, 0.0)
-        g = Grads(do=dout.to(q.dtype).contiguous(), o=out, lse=lse, dlse=dlse, dq=p.zeros(q.shape),
-                  dk=p.zeros(k.shape), dv=p.zeros(v.shape))
-        for x in ctx.plans:
-            same_group.backward(p, x, g)
+        if ctx.varlen is not None:  # part A packed: token-major accumulators, whole packed rows added in place
+            dq, dk, dv = (packed.grads_token_major(p, x) for x in (q, k, v))
+        else:
+            dq, dk, dv = p.zeros(q.shape), p.zeros(k.shape), p.zeros(v.shape)
+        g = Grads(do=dout.to(q.dtype).contiguous(), o=out, lse=lse, dlse=dlse, dq=dq, dk=dk, dv=dv)
+        if ctx.varlen is not None:
+            packed.backward(p, ctx.plans, g, ctx.varlen)
+        else:
+            for x in ctx.plans:
+                same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
         if bool(empty.any()):  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
@@ -143,9 +184,11 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor. ``validate=False`` skips the input
     checks of :mod:`..validation` (``focus_attention`` has done them).
 
-    ``varlen_fn``: a ``flash_attn_varlen_func``-compatible callable for the same-group part (forward only; the
-    backward always uses PyTorch ops), ``None`` to never use one, ``"auto"`` = flash-attn's when on CUDA with
-    flash-attn installed and fp16/bf16 inputs. ``decomposition``: how pairs sharing several groups are counted
+    ``varlen_fn``: how part A runs. ``"auto"``: on CUDA (with the memory-efficient engine) packed into one
+    variable-length call (:mod:`.packed`; flash-attn's forward when installed and inputs are fp16/bf16, else
+    PyTorch's memory-efficient op, whose backward serves both), elsewhere part by part; ``None``: part by part;
+    a :class:`.packed.Varlen`; or a ``flash_attn_varlen_func``-compatible callable (packed forward, its
+    backward PyTorch's on CUDA, part by part elsewhere). Parts needing a mask (padding) always run part by part. ``decomposition``: how pairs sharing several groups are counted
     once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
     ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
     """
@@ -160,10 +203,6 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
                                       key_padding_mask=key_padding_mask)
         return (out, lse) if return_lse else out
     scale = default_scale(q.shape[-1], scale)
-    if varlen_fn == "auto":
-        varlen_fn = None
-        if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16):
-            varlen_fn = flash_attn_varlen()
     out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
                                       decomposition)
     return (out, lse) if return_lse else out

@@ -1,16 +1,24 @@
-"""Wrappers of PyTorch's fused CPU flash-attention op (forward returns the LSE; backward takes a global O and LSE).
+"""Wrappers of PyTorch's fused attention ops that return the per-row LSE (forward) and take a global ``O`` and
+LSE (backward): the CPU flash op, and on CUDA the memory-efficient (cutlass) op, which unlike CUDA's flash op
+also takes float32 and an additive bias. :func:`fused_fwd` / :func:`fused_bwd` pick by device.
 
 ``allowed``: bool mask broadcastable to ``[B, 1, M, N]``, or None for causal (top-left aligned) or, with
 ``causal=False``, every pair (the rectangle of a causal tile against the keys before it).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from ..backends import logger
 from ..lse import finite_or_zero, mark_empty
 from . import plan
 
 NEG_INF = float("-inf")
+# The CUDA memory-efficient op's alignment: head dims in multiples of 8, bias rows padded to 16 elements, LSE rows
+# padded to 32 (its kAlignLSE); custom_mask_type 1 = causal from the top left.
+_CUDA_HEAD_ALIGN, _CUDA_BIAS_ALIGN, _CUDA_LSE_ALIGN, _CUDA_CAUSAL = 8, 16, 32, 1
 
 
 def _float_mask(allowed, dtype):
@@ -19,8 +27,10 @@ def _float_mask(allowed, dtype):
     return torch.where(allowed, zero, torch.full((), NEG_INF, dtype=dtype, device=allowed.device))
 
 
-def cpu_flash_fwd(q, k, v, allowed, scale, causal=True):
-    """Fused forward; LSE fixed to -inf for empty rows (the op reports 0 there)."""
+def fused_fwd(q, k, v, allowed, scale, causal=True):
+    """Fused forward ``(out, lse)``; LSE ``-inf`` for empty rows (the CPU op reports 0 there), their output 0."""
+    if q.device.type == "cuda":
+        return _cuda_fwd(q, k, v, allowed, scale, causal)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     if allowed is None:
         return op(q, k, v, 0.0, causal, scale=scale)
@@ -28,8 +38,10 @@ def cpu_flash_fwd(q, k, v, allowed, scale, causal=True):
     return o, mark_empty(lse, allowed.any(-1))
 
 
-def cpu_flash_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal=True):
+def fused_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal=True):
     """Fused backward against the *global* ``o``/``lse``; ``dlse`` is injected through an extra value column."""
+    if q.device.type == "cuda":
+        return _cuda_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal)
     bop = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     d = q.shape[-1]
     lse = finite_or_zero(lse).contiguous()
@@ -51,3 +63,281 @@ def flash_rows(n: int) -> int:
     """Row chunk for masked fused calls: the op cannot skip the masked upper triangle of a ``[rows, r1]`` chunk,
     so small chunks keep that waste to ``rows / n`` of the causal work; 256 rows still fill the cores."""
     return max(16, min(256, plan.CHUNK_ELEMS // max(1, n)))
+
+
+# ------------------------------------------------------------------------------------------------------ CUDA
+def _as4d(allowed):
+    while allowed.dim() < 4:
+        allowed = allowed[None]
+    return allowed
+
+
+def _cuda_bias(allowed, q):
+    """Additive bias whose rows are padded to the op's alignment (a view of the first N columns, as SDPA's own
+    wrapper passes it), expanded to exactly ``[B, Hq, M, N]`` (the backward checks every size)."""
+    allowed = _as4d(allowed)
+    n = allowed.shape[-1]
+    width = -(-n // _CUDA_BIAS_ALIGN) * _CUDA_BIAS_ALIGN
+    bias = torch.full((*allowed.shape[:-1], width), NEG_INF, dtype=q.dtype, device=allowed.device)
+    bias[..., :n].masked_fill_(allowed, 0.0)
+    return bias[..., :n].expand(q.shape[0], q.shape[1], q.shape[2], n)
+
+
+def _heads(x, hq):
+    """GQA: the op wants one KV head per query head (copies ``hq / hkv`` times; a stride-0 view cannot be had)."""
+    return x if x.shape[1] == hq else x.repeat_interleave(hq // x.shape[1], dim=1)
+
+
+def _pad_head(x, width, fill=None):
+    """Zero columns up to ``width`` (scores are unchanged: the scale is explicit); ``fill`` goes in the first one."""
+    extra = width - x.shape[-1]
+    if extra == 0:
+        return x
+    pad = x.new_zeros(*x.shape[:-1], extra)
+    if fill is not None:
+        pad[..., 0] = fill
+    return torch.cat([x, pad], -1)
+
+
+def _t(x):
+    """``[B, H, M, D]`` -> the op's ``[B, M, H, D]`` (a view)."""
+    return x.transpose(1, 2)
+
+
+def _cuda_fwd(q, k, v, allowed, scale, causal):
+    d, hq = q.shape[-1], q.shape[1]
+    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    q, k, v = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq)))
+    m, n = q.shape[2], k.shape[2]
+    bias = None if allowed is None else _cuda_bias(allowed, q)
+    mask_type = _CUDA_CAUSAL if allowed is None and causal else 0
+    out, lse = torch.ops.aten._efficient_attention_forward(
+        _t(q), _t(k), _t(v), bias, None, None, m, n, 0.0, mask_type, True, scale=scale)[:2]
+    out, lse = _t(out)[..., :d], lse[..., :m]
+    if allowed is not None:
+        has = _as4d(allowed).any(-1)  # [B, 1, M]
+        out = out.masked_fill(~has[..., None], 0.0)
+        lse = mark_empty(lse, has)
+    return out, lse
+
+
+def _cuda_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal):
+    d, hq, hkv = q.shape[-1], q.shape[1], k.shape[1]
+    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    if dlse is not None:  # dP gains dlse_i through a ones column of v (and a zero column of O: Δ unchanged)
+        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
+    q, k, v, o, do = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq), o, do))
+    m, n = q.shape[2], k.shape[2]
+    # LSE rows padded to the op's block with +inf, as its forward writes them (P = 0 for the padding rows)
+    lse_p = torch.full((q.shape[0], hq, -(-m // _CUDA_LSE_ALIGN) * _CUDA_LSE_ALIGN), float("inf"),
+                       dtype=torch.float32, device=q.device)
+    lse_p[..., :m] = finite_or_zero(lse)
+    bias = None if allowed is None else _cuda_bias(allowed, q)
+    mask_type = _CUDA_CAUSAL if allowed is None and causal else 0
+    seed = offset = torch.empty((), dtype=torch.long)  # read only with dropout
+    # the op reads O with an implied [B, M, H, D] row stride: O must be contiguous in that layout
+    gq, gk, gv = torch.ops.aten._efficient_attention_backward(
+        _t(do), _t(q), _t(k), _t(v), bias, _t(o).contiguous(), None, None, m, n, lse_p, 0.0, seed, offset,
+        mask_type, False, scale=scale)[:3]
+    gq, gk, gv = (_t(x)[..., :d] for x in (gq, gk, gv))
+    if hkv != hq:
+        gk, gv = (x.unflatten(1, (hkv, hq // hkv)).sum(2) for x in (gk, gv))
+    return gq, gk, gv
+
+
+@functools.cache
+def cuda_fused_status() -> tuple[bool, str]:
+    """Whether the CUDA memory-efficient op runs and agrees with plain matmul/softmax on a tiny problem (forward
+    and backward, causal, masked, GQA, an LSE gradient and an empty row): ``(ok, reason)``. Probed once; when it
+    fails the decomposed kernel uses its generic engine on CUDA and says why."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    if not hasattr(torch.ops.aten, "_efficient_attention_backward"):
+        return _refuse(f"torch {torch.__version__} has no aten._efficient_attention_backward")
+    try:
+        gen = torch.Generator().manual_seed(0)
+        dev = torch.device("cuda")
+        q, k, v = (torch.randn(1, h, 40, 12, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+        allowed = torch.rand(40, 40, generator=gen) > 0.5
+        allowed[3] = False
+        for mask in (None, allowed):
+            for causal in (True, False):
+                err = _probe_error(q, k, v, mask, causal, dev, gen)
+                if not err < 1e-3:
+                    return _refuse(f"mismatch {err:.2e} (mask={mask is not None}, causal={causal})")
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not use this op
+        return _refuse(f"{type(exc).__name__}: {exc}")
+    return True, "ok"
+
+
+def _refuse(reason: str) -> tuple[bool, str]:
+    logger.warning("CUDA memory-efficient attention unusable (%s); the decomposed kernel uses its generic engine "
+                   "on CUDA", reason)
+    return False, reason
+
+
+def _probe_error(q, k, v, allowed, causal, dev, gen) -> float:
+    scale = 0.3
+    keep = allowed if allowed is not None else (
+        torch.ones(40, 40, dtype=torch.bool).tril() if causal else torch.ones(40, 40, dtype=torch.bool))
+    s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * scale).masked_fill(~keep, NEG_INF)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - finite_or_zero(lse)[..., None])
+    o = p @ v.repeat_interleave(2, 1)
+    do, dl = torch.randn(o.shape, generator=gen, dtype=torch.float64), torch.randn(lse.shape, generator=gen,
+                                                                                   dtype=torch.float64)
+    dl = dl.masked_fill(torch.isneginf(lse), 0.0)
+    dp = do @ v.repeat_interleave(2, 1).transpose(-1, -2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True) + dl[..., None])
+    ref = (o, lse, ds @ k.repeat_interleave(2, 1) * scale,
+           (ds.transpose(-1, -2) @ q * scale).unflatten(1, (2, 2)).sum(2),
+           (p.transpose(-1, -2) @ do).unflatten(1, (2, 2)).sum(2))
+    c = [x.to(dev, torch.float32) for x in (q, k, v, o, lse, do, dl)]
+    a = None if allowed is None else allowed.to(dev)
+    o_f, l_f = fused_fwd(c[0], c[1], c[2], a, scale, causal)
+    grads = fused_bwd(c[5], c[0], c[1], c[2], c[3], c[4], c[6], a, scale, causal)
+    got = (o_f, l_f, *grads)
+    errs = []
+    for r, g in zip(ref, got):
+        r, g = r.to(g.device, torch.float64), g.double()
+        same_inf = torch.isinf(r) & (r == g)
+        errs.append(float(torch.where(same_inf, 0.0, (r - g).abs()).max()))
+    return max(errs)
+
+
+
+def _seq_positions(cu, n):
+    """For packed rows ``0..n-1``: the sequence of each row and its position inside it."""
+    lens = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens.long(), output_size=n)
+    return seq, torch.arange(n, device=cu.device) - cu[:-1].long()[seq]
+
+
+def cuda_varlen_fwd(q, k, v, cu, max_len, scale):
+    """Every sequence of ``cu`` in one causal call of the memory-efficient op (its variable-length form):
+    ``q`` ``[n, Hq, D]``, ``k``/``v`` ``[n, Hkv, D]`` -> ``(out [n, Hq, D], lse [n, Hq] float32)``."""
+    d, hq, n = q.shape[-1], q.shape[1], q.shape[0]
+    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    q, k, v = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq)))
+    out, lse = torch.ops.aten._efficient_attention_forward(
+        q[None], k[None], v[None], None, cu, cu, max_len, max_len, 0.0, _CUDA_CAUSAL, True, scale=scale)[:2]
+    seq, pos = _seq_positions(cu, n)
+    return out[0, ..., :d], lse[seq, :, pos]  # lse [n_seq, Hq, >= max_len] -> [n, Hq]
+
+
+def cuda_varlen_bwd(do, q, k, v, o, lse, dlse, cu, max_len, scale):
+    """Backward of :func:`cuda_varlen_fwd` against the global ``o``/``lse`` of each row (``[n, Hq]``, +inf for
+    rows without keys), ``dlse`` injected through an extra value column as in :func:`_cuda_bwd`."""
+    d, hq, hkv, n = q.shape[-1], q.shape[1], k.shape[1], q.shape[0]
+    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    if dlse is not None:
+        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
+    q, k, v, o, do = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq), o, do))
+    seq, pos = _seq_positions(cu, n)
+    lse_p = torch.full((len(cu) - 1, hq, -(-max_len // _CUDA_LSE_ALIGN) * _CUDA_LSE_ALIGN), float("inf"),
+                       dtype=torch.float32, device=q.device)
+    lse_p[seq, :, pos] = finite_or_zero(lse.float())
+    seed = offset = torch.empty((), dtype=torch.long)  # read only with dropout
+    gq, gk, gv = torch.ops.aten._efficient_attention_backward(
+        do[None], q[None], k[None], v[None], None, o[None].contiguous(), cu, cu, max_len, max_len, lse_p, 0.0, seed,
+        offset, _CUDA_CAUSAL, False, scale=scale)[:3]
+    gq, gk, gv = (x[0, ..., :d] for x in (gq, gk, gv))
+    if hkv != hq:
+        gk, gv = (x.unflatten(1, (hkv, hq // hkv)).sum(2) for x in (gk, gv))
+    return gq, gk, gv
+
+
+def flash_attn_forward(fn):
+    """flash-attn's ``flash_attn_varlen_func`` as a packed forward (``fwd`` of :class:`.packed.Varlen`)."""
+    def fwd(q, k, v, cu, max_len, scale):
+        res = fn(q, k, v, cu, cu, max_len, max_len, dropout_p=0.0, softmax_scale=scale, causal=True,
+                 return_attn_probs=True)
+        out, lse = res[0], res[1]
+        if lse.dim() == 2:  # flash-attn >= 2.4: [Hq, n]; older: [n_seq, Hq, max_len] (padded)
+            return out, lse.t().float()
+        seq, pos = _seq_positions(cu, q.shape[0])
+        return out, lse[seq, :, pos].float()
+    return fwd
+
+
+
+def cuda_flash_varlen_fwd(q, k, v, cu, max_len, scale):
+    """Like :func:`cuda_varlen_fwd` with PyTorch's bundled FlashAttention-2 (fp16/bf16; GQA without copying K/V,
+    LSE ``[Hq, n]`` unpadded)."""
+    d = q.shape[-1]
+    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    q, k, v = (_pad_head(x, width) for x in (q, k, v))
+    out, lse = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                       scale=scale)[:2]
+    if lse.dim() == 3:  # older layout [n_seq, Hq, max_len]
+        seq, pos = _seq_positions(cu, q.shape[0])
+        return out[..., :d], lse[seq, :, pos]
+    return out[..., :d], lse.t()
+
+
+def cuda_flash_varlen_bwd(do, q, k, v, o, lse, dlse, cu, max_len, scale):
+    """Backward of :func:`cuda_flash_varlen_fwd` against the global ``o``/``lse`` of each row (as
+    :func:`cuda_varlen_bwd`)."""
+    d = q.shape[-1]
+    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    if dlse is not None:
+        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
+    q, k, v, o, do = (_pad_head(x, width) for x in (q, k, v, o, do))
+    rng = torch.empty(2, dtype=torch.int64, device=q.device)  # read only with dropout
+    gq, gk, gv = torch.ops.aten._flash_attention_backward(
+        do, q, k, v, o, finite_or_zero(lse.float()).t().contiguous(), cu, cu, max_len, max_len, 0.0, True, rng,
+        torch.empty((), dtype=torch.int64, device=q.device), scale=scale)[:3]
+    return gq[..., :d], gk[..., :d], gv[..., :d]
+
+
+@functools.cache
+def cuda_flash_varlen_status() -> tuple[bool, str]:
+    """Whether PyTorch's bundled FlashAttention runs in its variable-length form and agrees with plain
+    matmul/softmax on a tiny bf16 problem (GQA, an LSE gradient): ``(ok, reason)``, probed once."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    if not hasattr(torch.ops.aten, "_flash_attention_backward"):
+        return False, f"torch {torch.__version__} has no aten._flash_attention_backward"
+    try:
+        with torch.enable_grad():  # first asked for inside an autograd.Function's forward, where grad is off
+            err = _flash_probe_error(torch.device("cuda"))
+        if err:
+            return _refuse_flash(err)
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not use this op
+        return _refuse_flash(f"{type(exc).__name__}: {exc}")
+    return True, "ok"
+
+
+def _flash_probe_error(dev) -> str | None:
+    gen = torch.Generator().manual_seed(1)
+    lens = [3, 40, 17]
+    n = sum(lens)
+    q, k, v, do = (torch.randn(n, h, 64, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    dl = torch.randn(n, 4, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    outs, lses = [], []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qs, ks, vs = (x[a:b].transpose(0, 1) for x in leaves)
+        ks, vs = ks.repeat_interleave(2, 0), vs.repeat_interleave(2, 0)
+        s = (qs @ ks.transpose(-1, -2) * 0.125).masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(),
+                                                            NEG_INF)
+        lses.append(torch.logsumexp(s, -1).t())
+        outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
+    ref_o, ref_l = torch.cat(outs), torch.cat(lses)
+    ref = (ref_o, ref_l, *torch.autograd.grad((ref_o * do).sum() + (ref_l * dl).sum(), leaves))
+    c = [x.to(dev, torch.bfloat16) for x in (q, k, v, do)]
+    cu = cu.to(dev)
+    o, lse = cuda_flash_varlen_fwd(c[0], c[1], c[2], cu, max(lens), 0.125)
+    grads = cuda_flash_varlen_bwd(c[3], c[0], c[1], c[2], o, lse, dl.to(dev, torch.float32), cu, max(lens), 0.125)
+    for name, r, g in zip(("out", "lse", "dq", "dk", "dv"), ref, (o, lse, *grads)):
+        r = r.detach()
+        err = float((g.double().cpu() - r).abs().max())
+        if not err <= 3e-2 * max(1.0, float(r.abs().max())):
+            return f"{name} mismatch {err:.2e}"
+    return None
+
+
+def _refuse_flash(reason: str) -> tuple[bool, str]:
+    logger.warning("PyTorch's FlashAttention varlen op unusable (%s); packing uses the memory-efficient op", reason)
+    return False, reason

@@ -7,7 +7,7 @@ from functools import cached_property
 
 import torch
 
-from ..backends import CPU_FLASH_DTYPES, cpu_flash_available
+from ..backends import FUSED_DTYPES, cpu_flash_available, cuda_fused_available
 from ..lse import acc_dtype
 
 # Score elements per chunk in the chunked paths (~16 MiB of fp32): bounds memory, big enough to amortise overhead.
@@ -34,6 +34,9 @@ MIN_TILE = 256
 # The window band's row chunks hold at most T / BAND_FRACTION rows: a chunk's temporaries (its mask, the fused op's
 # output and its copies of the strided key windows) are ~2.5x its share of the output.
 BAND_FRACTION = 16
+# On CUDA the band is one call up to this many mask elements ([blocks, BAND_BLOCK, BAND_BLOCK + w]: 64M is 5M
+# tokens at w = 128; its additive bias in bf16 is 128 MiB).
+CUDA_BAND_ELEMS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,21 @@ class Problem:
 
     @cached_property
     def engine(self) -> str:
-        """``"cpu-flash"`` (PyTorch's fused CPU op: float32/16 on CPU, no softcap) or ``"generic"`` (chunked)."""
+        """``"cpu-flash"`` (PyTorch's fused CPU op), ``"cuda-mem-efficient"`` (PyTorch's fused CUDA op, when its
+        probe passed) for float32/16 without softcap, else ``"generic"`` (chunked matmul/softmax)."""
         q = self.q
-        if q.device.type == "cpu" and self.softcap is None and q.dtype in CPU_FLASH_DTYPES and cpu_flash_available():
+        if self.softcap is not None or q.dtype not in FUSED_DTYPES:
+            return "generic"
+        if q.device.type == "cpu" and cpu_flash_available():
             return "cpu-flash"
+        if q.device.type == "cuda" and cuda_fused_available():
+            return "cuda-mem-efficient"
         return "generic"
+
+    @property
+    def fused(self) -> bool:
+        """A fused op (one per device) runs the unmasked and masked calls: see :mod:`.fused`."""
+        return self.engine != "generic"
 
     def zeros(self, *shape) -> torch.Tensor:
         """A float32 (float64 for float64 inputs) accumulator on q's device."""

@@ -15,7 +15,7 @@ import torch
 
 from ..lse import acc, acc_dtype, merge_pair, merge_signed_
 from .chunk import block_attn_bwd, block_attn_fwd
-from .fused import cpu_flash_bwd, cpu_flash_fwd, flash_rows
+from .fused import flash_rows, fused_bwd, fused_fwd
 from .plan import (GroupPlan, Grads, Problem, Workspace, bwd_tile_rows, gather, group_mask, row_chunk, take_rows,
                    tile_rows, whole_rows)
 
@@ -23,24 +23,24 @@ from .plan import (GroupPlan, Grads, Problem, Workspace, bwd_tile_rows, gather, 
 def forward_tiles(p: Problem, plan: GroupPlan, ws: Workspace | None = None, overlap: bool = False):
     """The part's tiles; ``ws``: gather into its reused buffers (valid until the next part's gathers);
     ``overlap``: parts are merged into the accumulator (tile sizes: :func:`.plan.tile_rows`)."""
-    if p.engine != "cpu-flash":
+    if not p.fused:
         return _fwd_generic(p, plan)
     t = p.q.shape[2]
-    return _fwd_cpu_flash(p, plan, ws, tile_rows(t, overlap), whole_rows(t, overlap))
+    return _fwd_fused(p, plan, ws, tile_rows(t, overlap), whole_rows(t, overlap))
 
 
 def backward(p: Problem, plan: GroupPlan, g: Grads) -> None:
-    if p.engine == "cpu-flash":
-        _bwd_cpu_flash(p, plan, g)
+    if p.fused:
+        _bwd_fused(p, plan, g)
     else:
         _bwd_generic(p, plan, g)
 
 
 def workspace(p: Problem, plans: list[GroupPlan], overlap: bool) -> Workspace:
-    """The forward's gather buffers, sized once for what :func:`_fwd_cpu_flash` will gather: the largest whole
+    """The forward's gather buffers, sized once for what :func:`_fwd_fused` will gather: the largest whole
     part, or a tile and its key blocks (so no part's gather grows them, which would fault in fresh pages again)."""
     ws = Workspace()
-    if not plans or p.engine != "cpu-flash":
+    if not plans or not p.fused:
         return ws
     t = p.q.shape[2]
     tile, whole = tile_rows(t, overlap), whole_rows(t, overlap)
@@ -53,20 +53,20 @@ def workspace(p: Problem, plans: list[GroupPlan], overlap: bool) -> Workspace:
     return ws
 
 
-def _fwd_cpu_flash(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, whole: int):
+def _fwd_fused(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, whole: int):
     n = len(plan.idx)
     if not plan.masked and n > whole:  # a big part: query tiles against key blocks, nothing part-sized
         yield from _fwd_tiled(p, plan, ws, tile)
         return
     kg, vg = gather(p.k, plan, ws=ws, slot="k"), gather(p.v, plan, ws=ws, slot="v")
     if not plan.masked:  # causal over the part; every row sees itself, so no empty rows
-        yield 0, n, *cpu_flash_fwd(gather(p.q, plan, ws=ws, slot="q"), kg, vg, None, p.scale)
+        yield 0, n, *fused_fwd(gather(p.q, plan, ws=ws, slot="q"), kg, vg, None, p.scale)
         return
     step = flash_rows(n)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        o, lse = cpu_flash_fwd(gather(p.q, plan, r0, r1, ws=ws, slot="q"), kg[:, :, :r1], vg[:, :, :r1], allowed,
+        o, lse = fused_fwd(gather(p.q, plan, r0, r1, ws=ws, slot="q"), kg[:, :, :r1], vg[:, :, :r1], allowed,
                                p.scale)
         yield r0, r1, o, lse
         del o, lse, allowed
@@ -87,11 +87,11 @@ def _fwd_tiled(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int):
     for r0 in range(0, n, tile):
         r1 = min(n, r0 + tile)
         qt = gather(p.q, plan, r0, r1, ws=ws, slot="q")
-        o, lse = cpu_flash_fwd(qt, gather(p.k, plan, r0, r1, ws=ws, slot="k"),
+        o, lse = fused_fwd(qt, gather(p.k, plan, r0, r1, ws=ws, slot="k"),
                                gather(p.v, plan, r0, r1, ws=ws, slot="v"), None, p.scale)
         for k0 in range(0, r0, block):
             k1 = min(r0, k0 + block)
-            o2, l2 = cpu_flash_fwd(qt, gather(p.k, plan, k0, k1, ws=ws, slot="kb"),
+            o2, l2 = fused_fwd(qt, gather(p.k, plan, k0, k1, ws=ws, slot="kb"),
                                    gather(p.v, plan, k0, k1, ws=ws, slot="vb"), None, p.scale, causal=False)
             o, lse = _merge_into(o, lse, o2, l2)
             del o2, l2
@@ -113,28 +113,6 @@ def _fwd_generic(p: Problem, plan: GroupPlan):
         yield r0, r1, o.reshape(1, hq, r1 - r0, d), lse.reshape(1, hq, r1 - r0)
 
 
-def forward_varlen(p: Problem, plans: list[GroupPlan], fn):
-    """All (unmasked) sub-problems in one packed flash-attn varlen call; returns a list aligned with plans."""
-    q, k, v = p.q, p.k, p.v
-    qs = torch.cat([take_rows(q, x.b, x.idx).transpose(0, 1) for x in plans])  # [total, Hq, D]
-    ks = torch.cat([take_rows(k, x.b, x.idx).transpose(0, 1) for x in plans])
-    vs = torch.cat([take_rows(v, x.b, x.idx).transpose(0, 1) for x in plans])
-    lens = [len(x.idx) for x in plans]
-    cu = torch.tensor([0] + lens, device=q.device).cumsum(0).to(torch.int32)
-    extra = {"softcap": p.softcap} if p.softcap is not None else {}
-    res = fn(qs, ks, vs, cu, cu, max(lens), max(lens), dropout_p=0.0, softmax_scale=p.scale, causal=True,
-             return_attn_probs=True, **extra)
-    out, lse = res[0], res[1]
-    results, start = [], 0
-    for i, n in enumerate(lens):
-        o = out[start:start + n].transpose(0, 1).unsqueeze(0)
-        # flash-attn >= 2.4 returns LSE [Hq, total]; older versions [nseq, Hq, max_len] (padded).
-        ls = lse[:, start:start + n] if lse.dim() == 2 else lse[i, :, :n]
-        results.append((o, ls.float().unsqueeze(0)))
-        start += n
-    return results
-
-
 def _rows(g: Grads, plan: GroupPlan, r0: int, r1: int):
     """The backward's per-row inputs for rows ``r0:r1`` of the part: ``dO``, merged ``O``, ``L`` and ``dL``."""
     idx, b = plan.idx[r0:r1], plan.b
@@ -150,7 +128,7 @@ def _add(acc_t: torch.Tensor, plan: GroupPlan, r0: int, r1: int, x: torch.Tensor
     acc_t[plan.b].index_add_(1, plan.idx[r0:r1], acc(x).reshape(acc_t.shape[1], r1 - r0, -1), alpha=plan.sign)
 
 
-def _bwd_cpu_flash(p: Problem, plan: GroupPlan, g: Grads) -> None:
+def _bwd_fused(p: Problem, plan: GroupPlan, g: Grads) -> None:
     n = len(plan.idx)
     kg, vg = gather(p.k, plan), gather(p.v, plan)
     if not plan.masked:
@@ -159,11 +137,11 @@ def _bwd_cpu_flash(p: Problem, plan: GroupPlan, g: Grads) -> None:
             r1 = min(n, r0 + step)
             qt = gather(p.q, plan, r0, r1)
             do, o, lse, dlse = _rows(g, plan, r0, r1)
-            gq, gk, gv = cpu_flash_bwd(do, qt, kg[:, :, r0:r1], vg[:, :, r0:r1], o, lse, dlse, None, p.scale)
+            gq, gk, gv = fused_bwd(do, qt, kg[:, :, r0:r1], vg[:, :, r0:r1], o, lse, dlse, None, p.scale)
             _add(g.dk, plan, r0, r1, gk)
             _add(g.dv, plan, r0, r1, gv)
             if r0:
-                gq2, gk, gv = cpu_flash_bwd(do, qt, kg[:, :, :r0], vg[:, :, :r0], o, lse, dlse, None, p.scale,
+                gq2, gk, gv = fused_bwd(do, qt, kg[:, :, :r0], vg[:, :, :r0], o, lse, dlse, None, p.scale,
                                             causal=False)
                 gq = gq + gq2
                 del gq2
@@ -177,7 +155,7 @@ def _bwd_cpu_flash(p: Problem, plan: GroupPlan, g: Grads) -> None:
         r1 = min(n, r0 + step)
         allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
         do, o, lse, dlse = _rows(g, plan, r0, r1)
-        gq, gk, gv = cpu_flash_bwd(do, gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], o, lse, dlse,
+        gq, gk, gv = fused_bwd(do, gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], o, lse, dlse,
                                    allowed, p.scale)
         _add(g.dq, plan, r0, r1, gq)
         gk_p[:, :, :r1] += gk
