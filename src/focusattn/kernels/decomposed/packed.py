@@ -65,15 +65,29 @@ def token_rows(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b * t, h, *rest)
 
 
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``token_rows(x)[rows]`` ``[n, H, ...]`` with one copy: token-major memory gathers whole token rows; batch-1
+    ``[1, H, T, ...]`` memory gathers along T and returns a strided view (the packed kernels read row and head
+    strides), so neither copies the whole of ``x`` first."""
+    if x.shape[0] == 1 and not (x.dim() >= 3 and x.shape[1] > 1 and x.stride(2) > x.stride(1)):
+        return x[0].index_select(1, rows).transpose(0, 1)
+    return token_rows(x).index_select(0, rows)
+
+
 def forward(p: Problem, plans: list[GroupPlan], varlen: Varlen, rows_per_merge: int):
     """Part A merged: ``(o [B, Hq, T, D], lse [B, Hq, T])`` float32 views of token-major buffers; rows of no part
     (padding) are 0 / -inf. ``rows_per_merge`` bounds the float32 temporaries of the scatter (rows at a time)."""
     bsz, hq, t, d = p.q.shape
     pk = pack(plans, t)
-    q, k, v = (token_rows(x).index_select(0, pk.rows) for x in (p.q, p.k, p.v))
+    q, k, v = (gather_rows(x, pk.rows) for x in (p.q, p.k, p.v))
     out, lse = varlen.fwd(q, k, v, pk.cu, pk.max_len, p.scale)
     del q, k, v
     n = bsz * t
+    if pk.npos == len(pk.rows):  # no subtracted part: every token sits in at most one part, a plain scatter
+        o = torch.zeros(n, hq, d, dtype=torch.float32, device=lse.device).index_copy_(0, pk.rows, out.float())
+        l_acc = torch.full((n, hq), NEG_INF, dtype=torch.float32, device=lse.device).index_copy_(0, pk.rows,
+                                                                                                  lse.float())
+        return o.view(bsz, t, hq, d).transpose(1, 2), l_acc.view(bsz, t, hq).transpose(1, 2)
     idx = pk.rows[:pk.npos, None].expand(-1, hq)
     m = torch.full((n, hq), NEG_INF, dtype=torch.float32, device=lse.device)
     m.scatter_reduce_(0, idx, lse[:pk.npos].float(), reduce="amax")
@@ -100,7 +114,7 @@ def backward(p: Problem, plans: list[GroupPlan], g: Grads, varlen: Varlen) -> No
     """Adds part A's gradients into ``g`` (token-major float32 accumulators, see :func:`grads_token_major`)."""
     t = p.q.shape[2]
     pk = pack(plans, t)
-    sel = lambda x: token_rows(x).index_select(0, pk.rows)  # noqa: E731
+    sel = lambda x: gather_rows(x, pk.rows)  # noqa: E731
     dlse = None if g.dlse is None else sel(g.dlse[..., None])[..., 0]
     gq, gk, gv = varlen.bwd(sel(g.do), sel(p.q), sel(p.k), sel(p.v), sel(g.o), sel(g.lse[..., None])[..., 0], dlse,
                             pk.cu, pk.max_len, p.scale)
