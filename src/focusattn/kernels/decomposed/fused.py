@@ -104,7 +104,36 @@ def _t(x):
     return x.transpose(1, 2)
 
 
+def _foldable(q, k, allowed, causal) -> bool:
+    """GQA without copying K/V per query head: the G query heads of a KV head become G*M rows of one head. Exact
+    when a row's allowed keys do not depend on its index (an explicit mask, repeated per head, or none); the causal
+    mask type would shift with the row index. Measured on an H200: the expanded K/V windows were the band's peak
+    memory (226 MB at 32K tokens) and 0.29 ms of copying."""
+    return q.shape[1] != k.shape[1] and (allowed is not None or not causal)
+
+
+def _fold(x, hkv):
+    """``[B, Hq, M, ...]`` -> ``[B, Hkv, G * M, ...]`` (query heads ``h * G .. h * G + G - 1`` share KV head h)."""
+    return x.reshape(x.shape[0], hkv, -1, *x.shape[3:])
+
+
+def _unfold(x, hq):
+    return x.reshape(x.shape[0], hq, -1, *x.shape[3:])
+
+
+def _fold_mask(allowed, b, g):
+    """Bool ``[B, 1, G * M, N]``: the mask's rows once per query head of a group."""
+    a = _as4d(allowed)
+    m, n = a.shape[-2:]
+    return a.expand(b, 1, m, n).unsqueeze(2).expand(b, 1, g, m, n).reshape(b, 1, g * m, n)
+
+
 def _cuda_fwd(q, k, v, allowed, scale, causal):
+    if _foldable(q, k, allowed, causal):
+        hq, hkv = q.shape[1], k.shape[1]
+        fa = None if allowed is None else _fold_mask(allowed, q.shape[0], hq // hkv)
+        out, lse = _cuda_fwd(_fold(q, hkv), k, v, fa, scale, causal)
+        return _unfold(out, hq), _unfold(lse, hq)
     d, hq = q.shape[-1], q.shape[1]
     width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
     q, k, v = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq)))
@@ -122,6 +151,12 @@ def _cuda_fwd(q, k, v, allowed, scale, causal):
 
 
 def _cuda_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal):
+    if _foldable(q, k, allowed, causal):
+        hq, hkv = q.shape[1], k.shape[1]
+        fa = None if allowed is None else _fold_mask(allowed, q.shape[0], hq // hkv)
+        gq, gk, gv = _cuda_bwd(_fold(do, hkv), _fold(q, hkv), k, v, _fold(o, hkv), _fold(lse, hkv),
+                               None if dlse is None else _fold(dlse, hkv), fa, scale, causal)
+        return _unfold(gq, hq), gk, gv
     d, hq, hkv = q.shape[-1], q.shape[1], k.shape[1]
     width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
     if dlse is not None:  # dP gains dlse_i through a ones column of v (and a zero column of O: Δ unchanged)
