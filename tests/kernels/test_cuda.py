@@ -180,3 +180,15 @@ def test_varlen_matches_per_sequence_reference():
     grads = cuda_varlen_bwd(c[3], c[0], c[1], c[2], out, lse, c[4], cu, max(lens), 0.125)
     for r, g in zip(ref_g, grads):
         assert (g.double().cpu() - r).abs().max() <= 1e-3 * max(1.0, float(r.abs().max()))
+
+
+def test_flex_on_cuda_compiles_with_gradients_and_lse():
+    """On CUDA ``backend="flex"`` compiles FlexAttention also when gradients and the LSE are needed (CPU cannot):
+    outputs, LSE and gradients as the dense reference. (Added after the H200 session's last run: not yet run on a
+    GPU.)"""
+    q, k, v, memb, kpm = _problem(torch.float32, t=256, top_k=2)
+    ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True),
+               q, k, v)
+    got = _run(lambda a, b, c: focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True,
+                                               backend="flex"), q, k, v)
+    _check(ref, got, 1e-4)

@@ -4,9 +4,10 @@ The same rule as :func:`focusattn.kernels.reference.focus_allowed`, written as a
 bitmask, so FlexAttention's block mask can skip key blocks that are entirely outside window and groups.
 
 What works on CPU with torch 2.13: ``torch.compile(flex_attention)`` runs, but only for inference and without the
-LSE output (inductor: "torch.compile on CPU only supports inference and `return_lse` is not supported yet"). We
-therefore use the compiled kernel when no gradient and no LSE are needed and the eager implementation otherwise
-(exact, but it materialises the ``[Tq, Tk]`` scores, so it is a test oracle there, not a fast path).
+LSE output (inductor: "torch.compile on CPU only supports inference and `return_lse` is not supported yet"). On CPU
+we therefore use the compiled kernel when no gradient and no LSE are needed and the eager implementation otherwise
+(exact, but it materialises the ``[Tq, Tk]`` scores, so it is a test oracle there, not a fast path); on CUDA the
+compiled kernel always (it has both).
 """
 from __future__ import annotations
 
