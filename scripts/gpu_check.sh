@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the CUDA kernel tests (and the CPU property suite of the decomposed kernel under
-# that machine's torch), then a short decomposed-vs-SDPA/flex benchmark. About 5 minutes on one H200.
+# that machine's torch), then a short decomposed-vs-SDPA/flex benchmark and a profile. 67-97 s of command time on one
+# H200 (six runs), plus the machine's start.
 # Usage: scripts/gpu_check.sh [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json, OUT_DIR/gpu_bench.log,
 # OUT_DIR/gpu_profile.txt;
 # default runs/gpu_check). Exit status: the tests' (the benchmark runs either way).

@@ -344,31 +344,38 @@ def cuda_flash_varlen_status() -> tuple[bool, str]:
 
 
 def _flash_probe_error(dev) -> str | None:
+    return varlen_probe_error(cuda_flash_varlen_fwd, cuda_flash_varlen_bwd, dev, torch.bfloat16, (3, 40, 17), 3e-2)
+
+
+def varlen_probe_error(fwd, bwd, dev, dtype, lens, tol, heads=(4, 2)) -> str | None:
+    """A packed variable-length kernel pair (``fwd``/``bwd`` of :class:`.packed.Varlen`) against plain
+    matmul/softmax per sequence in float64 (GQA, an LSE gradient): the first output off by more than
+    ``tol * max(1, |ref|)``, or None."""
     gen = torch.Generator().manual_seed(1)
-    lens = [3, 40, 17]
+    hq, hkv = heads
     n = sum(lens)
-    q, k, v, do = (torch.randn(n, h, 64, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
-    dl = torch.randn(n, 4, generator=gen, dtype=torch.float64)
-    cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q, k, v, do = (torch.randn(n, h, 64, generator=gen, dtype=torch.float64) for h in (hq, hkv, hkv, hq))
+    dl = torch.randn(n, hq, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     outs, lses = [], []
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
         qs, ks, vs = (x[a:b].transpose(0, 1) for x in leaves)
-        ks, vs = ks.repeat_interleave(2, 0), vs.repeat_interleave(2, 0)
+        ks, vs = ks.repeat_interleave(hq // hkv, 0), vs.repeat_interleave(hq // hkv, 0)
         s = (qs @ ks.transpose(-1, -2) * 0.125).masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(),
                                                             NEG_INF)
         lses.append(torch.logsumexp(s, -1).t())
         outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
     ref_o, ref_l = torch.cat(outs), torch.cat(lses)
     ref = (ref_o, ref_l, *torch.autograd.grad((ref_o * do).sum() + (ref_l * dl).sum(), leaves))
-    c = [x.to(dev, torch.bfloat16) for x in (q, k, v, do)]
+    c = [x.to(dev, dtype) for x in (q, k, v, do)]
     cu = cu.to(dev)
-    o, lse = cuda_flash_varlen_fwd(c[0], c[1], c[2], cu, max(lens), 0.125)
-    grads = cuda_flash_varlen_bwd(c[3], c[0], c[1], c[2], o, lse, dl.to(dev, torch.float32), cu, max(lens), 0.125)
+    o, lse = fwd(c[0], c[1], c[2], cu, max(lens), 0.125)
+    grads = bwd(c[3], c[0], c[1], c[2], o, lse, dl.to(dev, torch.float32), cu, max(lens), 0.125)
     for name, r, g in zip(("out", "lse", "dq", "dk", "dv"), ref, (o, lse, *grads)):
         r = r.detach()
         err = float((g.double().cpu() - r).abs().max())
-        if not err <= 3e-2 * max(1.0, float(r.abs().max())):
+        if not err <= tol * max(1.0, float(r.abs().max())):
             return f"{name} mismatch {err:.2e}"
     return None
 
