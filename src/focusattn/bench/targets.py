@@ -28,8 +28,11 @@ CAUSES = {
               "T/8 rows) or one tile's gathered queries, keys, values and fused-op output, and the band chunk's "
               "mask and key-window copies; at T <= 2K the fused op's small-call floor (256-row tiles) keeps these "
               "near half the output",
-    "cost_model": "the model counts pairs only: per-part dispatch, gathers, the band's masks and the merges are "
-                  "O(T) or O(T w) terms that dominate at T <= 16K (the share of the limit rises with T)",
+    "cost_model": "the model counts pairs at SDPA's cost per pair; the same-group calls run within ~3% of that "
+                  "(profiled at 4K rows vs 32K), but the kernel also does O(T) and O(T w) work the model leaves "
+                  "out: per-part dispatch, row gathers and puts, and the window band (masked fused calls on 64-row "
+                  "blocks, BAND_BLOCK + w keys per query where w are needed, at about twice the per-pair cost); "
+                  "dispatch dominates at T <= 16K, the band and gathers at 32K-64K (shares of the limit 49-69% there)",
 }
 
 
