@@ -124,7 +124,7 @@ def test_issue_targets_evaluated_from_the_json():
 
     row = lambda t, kk, tk, r, cpu: {"T": t, "backend": "decomposed", "K": kk, "top_k": tk, "median_s": 1.0,  # noqa: E731
                                      "ratio_vs_sdpa": r, "cpu_ratio_vs_sdpa": cpu, "theoretical_ratio": 7.5}
-    doc = {"results": [row(32768, 8, 1, 6.6, 6.7), row(32768, 8, 2, 1.7, 1.5)],
+    doc = {"results": [row(32768, 8, 1, 6.6, 6.7), row(32768, 8, 2, 1.7, 1.5), row(2048, 8, 1, 0.9, 0.9)],
            "decode": {"results": [
                {"backend": "focus_decode_indexed", "K": 8, "top_k": 1, "malloc": "heap", "ratio_vs_sdpa": 3.0,
                 "cpu_ratio_vs_sdpa": 3.1},
@@ -137,3 +137,4 @@ def test_issue_targets_evaluated_from_the_json():
     assert met == {(8, 1): True, (8, 2): False}  # K=16 top-2 was not measured: not listed
     assert tg["decode_k8_plus_faster_everywhere"] is False
     assert [(d["malloc"], d["top_k"]) for d in tg["decode_not_faster"]] == [("mmap", 2)]  # K=4 is not in the target
+    assert tg["k8_top1_2k_breaks_even"] is False and tg["k8_top1_2k_speedup_vs_sdpa"] == 0.9
