@@ -114,7 +114,7 @@ def main(argv=None) -> int:
           f"flash-attn varlen: {flash_attn_varlen() is not None}", flush=True)
     captured = None
     if CAPTURED.exists():
-        top_groups, meta = load_captured(CAPTURED)
+        top_groups, _ = load_captured(CAPTURED)
         captured = (top_groups, worst_layer(top_groups, 4096, 8))
     big = args.lengths[-1] if args.dry_run else 16384
     cases = [(t, torch.bfloat16, "random") for t in args.lengths] + [(big, torch.float32, "random")]

@@ -114,7 +114,7 @@ def test_packed_merge_handles_subtracted_parts_and_chunks():
         p = plan_mod.Problem(q, k, v, memb, None, 0, 0.3, None)
         plans = plan_mod.plan_groups(memb, None, "ie")
         assert any(x.sign < 0 for x in plans)
-        o, lse = packed_mod.forward(p, plans, CPU_VARLEN, rows_per_merge=7)
+        o, lse = packed_mod.forward(p, packed_mod.pack(plans, 50), CPU_VARLEN, rows_per_merge=7)
         ref_o, ref_l = dense_focus_attention(q, k, v, memb, 0, scale=0.3, return_lse=True)
         assert (o - ref_o).abs().max() <= 1e-5 and (lse - ref_l).abs().max() <= 1e-5
 

@@ -85,9 +85,8 @@ def _log_auto_choice(device: str, dtype: str, choice: str) -> None:
     """Logged once per (device, dtype): enough to know what ran without flooding a decode loop."""
     if device == "cpu":
         engine = "cpu-flash" if cpu_flash_available() else "generic chunked"
+    elif device == "cuda" and cuda_fused_available():  # which varlen kernel: decomposed.driver._packed_varlen
+        engine = "cuda-mem-efficient, part A packed into one variable-length call"
     else:
-        fused = "cuda-mem-efficient" if device == "cuda" and cuda_fused_available() else "generic chunked"
-        varlen = "flash-attn" if device == "cuda" and flash_attn_varlen() else "mem-efficient" if fused != (
-            "generic chunked") else None
-        engine = fused + (f", forward varlen: {varlen}" if varlen else "")
+        engine = "generic chunked"
     logger.info("focus_attention backend='auto' -> %r on %s/%s (same-group engine: %s)", choice, device, dtype, engine)

@@ -130,7 +130,7 @@ def forward_chunks(p: Problem):
         r0, r1 = n0 * c, min(t, n1 * c)
         if fused and bsz == 1:
             o, l_ = fused_fwd(blocks_view(q, r0, nn, c, c), blocks_view(k, r0 - p.window, nn, band.l, c),
-                                  blocks_view(v, r0 - p.window, nn, band.l, c), allowed[:, None], p.scale)
+                              blocks_view(v, r0 - p.window, nn, band.l, c), allowed[:, None], p.scale)
             if r1 - r0 == nn * c:
                 yield r0, r1, o.transpose(0, 1)[None], l_.transpose(0, 1)[None]
                 continue

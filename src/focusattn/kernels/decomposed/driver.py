@@ -68,12 +68,12 @@ CUDA_VARLEN = Varlen("cuda-mem-efficient", cuda_varlen_fwd, cuda_varlen_bwd)
 CUDA_FLASH_VARLEN = Varlen("cuda-flash", cuda_flash_varlen_fwd, cuda_flash_varlen_bwd)
 
 
-def _forward(p: Problem, plans, varlen: Varlen | None = None):
-    """Merge every part into one ``[B, Hq, T, D]`` accumulator, in place; ``varlen``: part A packed
+def _forward(p: Problem, plans, varlen: Varlen | None = None, pk: packed.Packing | None = None):
+    """Merge every part into one ``[B, Hq, T, D]`` accumulator, in place; ``varlen``: part A packed as ``pk``
     (:mod:`.packed`), else one part at a time (:func:`_forward_parts`). Then the window band, chunk by chunk."""
     bsz, hq, t, d = p.q.shape
     if varlen is not None:
-        o_acc, l_acc = packed.forward(p, plans, varlen, rows_per_merge=max(1, bsz * t))
+        o_acc, l_acc = packed.forward(p, pk, varlen, rows_per_merge=max(1, bsz * t))
     else:
         o_acc, l_acc = _forward_parts(p, plans)
     if p.window > 0:
@@ -142,11 +142,13 @@ class _DecomposedFocus(torch.autograd.Function):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap)
         plans = plan_groups(membership, kpm, decomposition)
         varlen = _packed_varlen(p, plans, varlen_fn)
-        o, lse = _forward(p, plans, varlen)
+        pk = None if varlen is None else packed.pack(plans, q.shape[2])
+        o, lse = _forward(p, plans, varlen, pk)
         out = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
         ctx.plans, ctx.window, ctx.scale, ctx.softcap = plans, window, scale, softcap
         ctx.varlen = varlen if varlen is not None and varlen.bwd is not None else None
+        ctx.packing = pk  # reused by the packed backward
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -156,25 +158,26 @@ class _DecomposedFocus(torch.autograd.Function):
         # a query with no allowed key (LSE -inf, output 0) has no gradient: +inf makes every P = exp(s - L) exactly 0
         # instead of exp(+inf) in the parts' backward (NaN)
         empty = lse == float("-inf")
+        has_empty = bool(empty.any())
         lse = lse.masked_fill(empty, float("inf"))
         p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap)
         if dout is None:
             dout = torch.zeros_like(out)
-        if dlse is not None and bool(empty.any()):  # an empty row's LSE is a constant -inf: no gradient reaches it
+        if dlse is not None and has_empty:  # an empty row's LSE is a constant -inf: no gradient reaches it
             dlse = dlse.masked_fill(empty, 0.0)
         if ctx.varlen is not None:  # part A packed: token-major accumulators, whole packed rows added in place
-            dq, dk, dv = (packed.grads_token_major(p, x) for x in (q, k, v))
+            dq, dk, dv = (token_major_zeros(p, *x.shape) for x in (q, k, v))
         else:
             dq, dk, dv = p.zeros(q.shape), p.zeros(k.shape), p.zeros(v.shape)
         g = Grads(do=dout.to(q.dtype).contiguous(), o=out, lse=lse, dlse=dlse, dq=dq, dk=dk, dv=dv)
         if ctx.varlen is not None:
-            packed.backward(p, ctx.plans, g, ctx.varlen)
+            packed.backward(p, ctx.packing, g, ctx.varlen)
         else:
             for x in ctx.plans:
                 same_group.backward(p, x, g)
         if ctx.window > 0:
             band.backward(p, g)
-        if bool(empty.any()):  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
+        if has_empty:  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
             g.dq.masked_fill_(empty[..., None], 0.0)
         return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
 

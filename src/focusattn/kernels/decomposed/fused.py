@@ -13,6 +13,7 @@ import torch
 
 from ..backends import logger
 from ..lse import finite_or_zero, mark_empty
+from ..reference import masked_attention
 from . import plan
 
 NEG_INF = float("-inf")
@@ -77,10 +78,31 @@ def _cuda_bias(allowed, q):
     wrapper passes it), expanded to exactly ``[B, Hq, M, N]`` (the backward checks every size)."""
     allowed = _as4d(allowed)
     n = allowed.shape[-1]
-    width = -(-n // _CUDA_BIAS_ALIGN) * _CUDA_BIAS_ALIGN
+    width = _round_up(n, _CUDA_BIAS_ALIGN)
     bias = torch.full((*allowed.shape[:-1], width), NEG_INF, dtype=q.dtype, device=allowed.device)
     bias[..., :n].masked_fill_(allowed, 0.0)
     return bias[..., :n].expand(q.shape[0], q.shape[1], q.shape[2], n)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _bwd_operands(do, q, k, v, o, dlse, hq):
+    """The backward's ``(do, q, k, v, o)`` with head dims padded to the op's alignment and, with ``dlse``, the LSE
+    gradient injected: ``dP`` gains ``dlse_i`` through a ones column of ``v`` (and a zero column of ``O``: Δ
+    unchanged). ``hq``: K/V expanded to that many heads (the memory-efficient op), or None (native GQA)."""
+    width = _round_up(q.shape[-1] + (dlse is not None), _CUDA_HEAD_ALIGN)
+    if dlse is not None:
+        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
+    if hq is not None:
+        k, v = _heads(k, hq), _heads(v, hq)
+    return tuple(_pad_head(x, width) for x in (do, q, k, v, o))
+
+
+def _sum_heads(x, hkv, dim=1):
+    """Gradients of K/V expanded by :func:`_heads` summed back to ``hkv`` heads."""
+    return x if x.shape[dim] == hkv else x.unflatten(dim, (hkv, x.shape[dim] // hkv)).sum(dim + 1)
 
 
 def _heads(x, hq):
@@ -135,7 +157,7 @@ def _cuda_fwd(q, k, v, allowed, scale, causal):
         out, lse = _cuda_fwd(_fold(q, hkv), k, v, fa, scale, causal)
         return _unfold(out, hq), _unfold(lse, hq)
     d, hq = q.shape[-1], q.shape[1]
-    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    width = _round_up(d, _CUDA_HEAD_ALIGN)
     q, k, v = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq)))
     m, n = q.shape[2], k.shape[2]
     bias = None if allowed is None else _cuda_bias(allowed, q)
@@ -158,13 +180,10 @@ def _cuda_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal):
                                None if dlse is None else _fold(dlse, hkv), fa, scale, causal)
         return _unfold(gq, hq), gk, gv
     d, hq, hkv = q.shape[-1], q.shape[1], k.shape[1]
-    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
-    if dlse is not None:  # dP gains dlse_i through a ones column of v (and a zero column of O: Δ unchanged)
-        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
-    q, k, v, o, do = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq), o, do))
+    do, q, k, v, o = _bwd_operands(do, q, k, v, o, dlse, hq)
     m, n = q.shape[2], k.shape[2]
     # LSE rows padded to the op's block with +inf, as its forward writes them (P = 0 for the padding rows)
-    lse_p = torch.full((q.shape[0], hq, -(-m // _CUDA_LSE_ALIGN) * _CUDA_LSE_ALIGN), float("inf"),
+    lse_p = torch.full((q.shape[0], hq, _round_up(m, _CUDA_LSE_ALIGN)), float("inf"),
                        dtype=torch.float32, device=q.device)
     lse_p[..., :m] = finite_or_zero(lse)
     bias = None if allowed is None else _cuda_bias(allowed, q)
@@ -175,9 +194,7 @@ def _cuda_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal):
         _t(do), _t(q), _t(k), _t(v), bias, _t(o).contiguous(), None, None, m, n, lse_p, 0.0, seed, offset,
         mask_type, False, scale=scale)[:3]
     gq, gk, gv = (_t(x)[..., :d] for x in (gq, gk, gv))
-    if hkv != hq:
-        gk, gv = (x.unflatten(1, (hkv, hq // hkv)).sum(2) for x in (gk, gv))
-    return gq, gk, gv
+    return gq, _sum_heads(gk, hkv), _sum_heads(gv, hkv)
 
 
 @functools.cache
@@ -212,33 +229,29 @@ def _refuse(reason: str) -> tuple[bool, str]:
 
 
 def _probe_error(q, k, v, allowed, causal, dev, gen) -> float:
+    """Largest error of :func:`fused_fwd` / :func:`fused_bwd` on ``dev`` against the dense reference (autograd in
+    float64), fed the reference's O and LSE as the backward's global ones."""
     scale = 0.3
-    keep = allowed if allowed is not None else (
-        torch.ones(40, 40, dtype=torch.bool).tril() if causal else torch.ones(40, 40, dtype=torch.bool))
-    s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * scale).masked_fill(~keep, NEG_INF)
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - finite_or_zero(lse)[..., None])
-    o = p @ v.repeat_interleave(2, 1)
+    keep = allowed if allowed is not None else torch.ones(40, 40, dtype=torch.bool)
+    if allowed is None and causal:
+        keep = keep.tril()
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    o, lse = masked_attention(*leaves, keep, scale=scale, return_lse=True)
     do, dl = torch.randn(o.shape, generator=gen, dtype=torch.float64), torch.randn(lse.shape, generator=gen,
                                                                                    dtype=torch.float64)
     dl = dl.masked_fill(torch.isneginf(lse), 0.0)
-    dp = do @ v.repeat_interleave(2, 1).transpose(-1, -2)
-    ds = p * (dp - (do * o).sum(-1, keepdim=True) + dl[..., None])
-    ref = (o, lse, ds @ k.repeat_interleave(2, 1) * scale,
-           (ds.transpose(-1, -2) @ q * scale).unflatten(1, (2, 2)).sum(2),
-           (p.transpose(-1, -2) @ do).unflatten(1, (2, 2)).sum(2))
-    c = [x.to(dev, torch.float32) for x in (q, k, v, o, lse, do, dl)]
+    ref = (o.detach(), lse.detach(),
+           *torch.autograd.grad((o * do).sum() + (finite_or_zero(lse) * dl).sum(), leaves))
+    c = [x.to(dev, torch.float32) for x in (q, k, v, ref[0], ref[1], do, dl)]
     a = None if allowed is None else allowed.to(dev)
-    o_f, l_f = fused_fwd(c[0], c[1], c[2], a, scale, causal)
-    grads = fused_bwd(c[5], c[0], c[1], c[2], c[3], c[4], c[6], a, scale, causal)
-    got = (o_f, l_f, *grads)
+    got = (*fused_fwd(c[0], c[1], c[2], a, scale, causal),
+           *fused_bwd(c[5], c[0], c[1], c[2], c[3], c[4], c[6], a, scale, causal))
     errs = []
     for r, g in zip(ref, got):
         r, g = r.to(g.device, torch.float64), g.double()
         same_inf = torch.isinf(r) & (r == g)
         errs.append(float(torch.where(same_inf, 0.0, (r - g).abs()).max()))
     return max(errs)
-
 
 
 def _seq_positions(cu, n):
@@ -252,7 +265,7 @@ def cuda_varlen_fwd(q, k, v, cu, max_len, scale):
     """Every sequence of ``cu`` in one causal call of the memory-efficient op (its variable-length form):
     ``q`` ``[n, Hq, D]``, ``k``/``v`` ``[n, Hkv, D]`` -> ``(out [n, Hq, D], lse [n, Hq] float32)``."""
     d, hq, n = q.shape[-1], q.shape[1], q.shape[0]
-    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    width = _round_up(d, _CUDA_HEAD_ALIGN)
     q, k, v = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq)))
     out, lse = torch.ops.aten._efficient_attention_forward(
         q[None], k[None], v[None], None, cu, cu, max_len, max_len, 0.0, _CUDA_CAUSAL, True, scale=scale)[:2]
@@ -264,12 +277,9 @@ def cuda_varlen_bwd(do, q, k, v, o, lse, dlse, cu, max_len, scale):
     """Backward of :func:`cuda_varlen_fwd` against the global ``o``/``lse`` of each row (``[n, Hq]``, +inf for
     rows without keys), ``dlse`` injected through an extra value column as in :func:`_cuda_bwd`."""
     d, hq, hkv, n = q.shape[-1], q.shape[1], k.shape[1], q.shape[0]
-    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
-    if dlse is not None:
-        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
-    q, k, v, o, do = (_pad_head(x, width) for x in (q, _heads(k, hq), _heads(v, hq), o, do))
+    do, q, k, v, o = _bwd_operands(do, q, k, v, o, dlse, hq)
     seq, pos = _seq_positions(cu, n)
-    lse_p = torch.full((len(cu) - 1, hq, -(-max_len // _CUDA_LSE_ALIGN) * _CUDA_LSE_ALIGN), float("inf"),
+    lse_p = torch.full((len(cu) - 1, hq, _round_up(max_len, _CUDA_LSE_ALIGN)), float("inf"),
                        dtype=torch.float32, device=q.device)
     lse_p[seq, :, pos] = finite_or_zero(lse.float())
     seed = offset = torch.empty((), dtype=torch.long)  # read only with dropout
@@ -277,9 +287,7 @@ def cuda_varlen_bwd(do, q, k, v, o, lse, dlse, cu, max_len, scale):
         do[None], q[None], k[None], v[None], None, o[None].contiguous(), cu, cu, max_len, max_len, lse_p, 0.0, seed,
         offset, _CUDA_CAUSAL, False, scale=scale)[:3]
     gq, gk, gv = (x[0, ..., :d] for x in (gq, gk, gv))
-    if hkv != hq:
-        gk, gv = (x.unflatten(1, (hkv, hq // hkv)).sum(2) for x in (gk, gv))
-    return gq, gk, gv
+    return gq, _sum_heads(gk, hkv), _sum_heads(gv, hkv)
 
 
 def flash_attn_forward(fn):
@@ -295,12 +303,11 @@ def flash_attn_forward(fn):
     return fwd
 
 
-
 def cuda_flash_varlen_fwd(q, k, v, cu, max_len, scale):
     """Like :func:`cuda_varlen_fwd` with PyTorch's bundled FlashAttention-2 (fp16/bf16; GQA without copying K/V,
     LSE ``[Hq, n]`` unpadded)."""
     d = q.shape[-1]
-    width = -(-d // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
+    width = _round_up(d, _CUDA_HEAD_ALIGN)
     q, k, v = (_pad_head(x, width) for x in (q, k, v))
     out, lse = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
                                                        scale=scale)[:2]
@@ -314,10 +321,7 @@ def cuda_flash_varlen_bwd(do, q, k, v, o, lse, dlse, cu, max_len, scale):
     """Backward of :func:`cuda_flash_varlen_fwd` against the global ``o``/``lse`` of each row (as
     :func:`cuda_varlen_bwd`)."""
     d = q.shape[-1]
-    width = -(-(d + (dlse is not None)) // _CUDA_HEAD_ALIGN) * _CUDA_HEAD_ALIGN
-    if dlse is not None:
-        v, do = _pad_head(v, width, 1.0), _pad_head(do, width, dlse.to(do.dtype))
-    q, k, v, o, do = (_pad_head(x, width) for x in (q, k, v, o, do))
+    do, q, k, v, o = _bwd_operands(do, q, k, v, o, dlse, None)
     rng = torch.empty(2, dtype=torch.int64, device=q.device)  # read only with dropout
     gq, gk, gv = torch.ops.aten._flash_attention_backward(
         do, q, k, v, o, finite_or_zero(lse.float()).t().contiguous(), cu, cu, max_len, max_len, 0.0, True, rng,
@@ -360,12 +364,10 @@ def varlen_probe_error(fwd, bwd, dev, dtype, lens, tol, heads=(4, 2)) -> str | N
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     outs, lses = [], []
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
-        qs, ks, vs = (x[a:b].transpose(0, 1) for x in leaves)
-        ks, vs = ks.repeat_interleave(hq // hkv, 0), vs.repeat_interleave(hq // hkv, 0)
-        s = (qs @ ks.transpose(-1, -2) * 0.125).masked_fill(~torch.ones(b - a, b - a, dtype=torch.bool).tril(),
-                                                            NEG_INF)
-        lses.append(torch.logsumexp(s, -1).t())
-        outs.append((torch.softmax(s, -1) @ vs).transpose(0, 1))
+        o_s, l_s = masked_attention(*(x[a:b].transpose(0, 1)[None] for x in leaves),
+                                    torch.ones(b - a, b - a, dtype=torch.bool).tril(), scale=0.125, return_lse=True)
+        outs.append(o_s[0].transpose(0, 1))
+        lses.append(l_s[0].t())
     ref_o, ref_l = torch.cat(outs), torch.cat(lses)
     ref = (ref_o, ref_l, *torch.autograd.grad((ref_o * do).sum() + (ref_l * dl).sum(), leaves))
     c = [x.to(dev, dtype) for x in (q, k, v, do)]

@@ -25,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from .plan import GroupPlan, Grads, Problem
+from ..lse import finite_or_zero
+from .plan import GroupPlan, Grads, Problem, take_rows
 
 NEG_INF = float("-inf")
 
@@ -66,19 +67,17 @@ def token_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``token_rows(x)[rows]`` ``[n, H, ...]`` with one copy: token-major memory gathers whole token rows; batch-1
-    ``[1, H, T, ...]`` memory gathers along T and returns a strided view (the packed kernels read row and head
-    strides), so neither copies the whole of ``x`` first."""
-    if x.shape[0] == 1 and not (x.dim() >= 3 and x.shape[1] > 1 and x.stride(2) > x.stride(1)):
-        return x[0].index_select(1, rows).transpose(0, 1)
+    """``token_rows(x)[rows]`` ``[n, H, ...]``; batch 1 through :func:`.plan.take_rows` (one copy in either memory
+    layout; the packed kernels read row and head strides), so the whole of ``x`` is not copied first."""
+    if x.shape[0] == 1:
+        return take_rows(x, 0, rows).transpose(0, 1)
     return token_rows(x).index_select(0, rows)
 
 
-def forward(p: Problem, plans: list[GroupPlan], varlen: Varlen, rows_per_merge: int):
+def forward(p: Problem, pk: Packing, varlen: Varlen, rows_per_merge: int):
     """Part A merged: ``(o [B, Hq, T, D], lse [B, Hq, T])`` float32 views of token-major buffers; rows of no part
     (padding) are 0 / -inf. ``rows_per_merge`` bounds the float32 temporaries of the scatter (rows at a time)."""
     bsz, hq, t, d = p.q.shape
-    pk = pack(plans, t)
     q, k, v = (gather_rows(x, pk.rows) for x in (p.q, p.k, p.v))
     out, lse = varlen.fwd(q, k, v, pk.cu, pk.max_len, p.scale)
     del q, k, v
@@ -91,7 +90,7 @@ def forward(p: Problem, plans: list[GroupPlan], varlen: Varlen, rows_per_merge: 
     idx = pk.rows[:pk.npos, None].expand(-1, hq)
     m = torch.full((n, hq), NEG_INF, dtype=torch.float32, device=lse.device)
     m.scatter_reduce_(0, idx, lse[:pk.npos].float(), reduce="amax")
-    m = torch.where(torch.isfinite(m), m, 0.0)
+    m = finite_or_zero(m)  # rows of no positive part
     s = torch.zeros(n, hq, dtype=torch.float32, device=lse.device)
     o = torch.zeros(n, hq, d, dtype=torch.float32, device=lse.device)
     for r0 in range(0, len(pk.rows), rows_per_merge):
@@ -110,10 +109,8 @@ def forward(p: Problem, plans: list[GroupPlan], varlen: Varlen, rows_per_merge: 
     return o.view(bsz, t, hq, d).transpose(1, 2), lse.view(bsz, t, hq).transpose(1, 2)
 
 
-def backward(p: Problem, plans: list[GroupPlan], g: Grads, varlen: Varlen) -> None:
-    """Adds part A's gradients into ``g`` (token-major float32 accumulators, see :func:`grads_token_major`)."""
-    t = p.q.shape[2]
-    pk = pack(plans, t)
+def backward(p: Problem, pk: Packing, g: Grads, varlen: Varlen) -> None:
+    """Adds part A's gradients into ``g`` (float32 accumulators from :func:`.plan.token_major_zeros`)."""
     sel = lambda x: gather_rows(x, pk.rows)  # noqa: E731
     dlse = None if g.dlse is None else sel(g.dlse[..., None])[..., 0]
     gq, gk, gv = varlen.bwd(sel(g.do), sel(p.q), sel(p.k), sel(p.v), sel(g.o), sel(g.lse[..., None])[..., 0], dlse,
@@ -126,9 +123,3 @@ def backward(p: Problem, plans: list[GroupPlan], g: Grads, varlen: Varlen) -> No
         if pk.npos < len(pk.rows):
             flat.index_add_(0, pk.rows[pk.npos:], grad[pk.npos:].float(), alpha=-1)
 
-
-def grads_token_major(p: Problem, x: torch.Tensor) -> torch.Tensor:
-    """A float32 zero accumulator shaped like ``x`` ``[B, H, T, D]``, stored token-major (so that
-    :func:`token_rows` is a view and packed rows are added in place)."""
-    b, h, t, d = x.shape
-    return p.zeros(b, t, h, d).transpose(1, 2)
