@@ -1,0 +1,164 @@
+"""Run a Focus-composed model with a probe in place of its attention, through ``AttentionInterface`` like Focus itself.
+
+* :func:`capture`: the *original* attention (full causal, the frozen model's own activations), and a callback per layer
+  with the layer's input and its q/k. Attention recall (``eval/recall.py``) and training routers against the model's
+  own attention (``train/objectives.py``) both read a layer through it.
+* :func:`masked`: dense attention under a per-layer rule for the distant pairs (local and sink pairs always kept),
+  the serving path of the baselines no sparse kernel takes (the oracle at a mask's budget, k-means keys): the exact
+  dense reference, not a fast kernel.
+
+Both take prefills only (a whole sequence, queries = keys): the evaluations they serve score full forwards.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import recall
+from . import attention_fn
+from .compose import _state, routing_caches
+from .specs import attention_modules
+
+CAPTURE, MASKED = "focus-capture", "focus-masked"
+PROBE = "focus_probe"  # the probe of the layer while a context below is open (a plain attribute)
+
+# fn(layer, module, h, q, k, scale, softcap): h [B, T, d] the layer input, q [B, Hq, T, D], k [B, Hkv, T, D]
+CaptureFn = Callable[..., None]
+# rule(layer, module, h, q, k, scale, softcap) -> KeepFn over the distant pairs of this call
+RuleFn = Callable[..., recall.KeepFn]
+
+
+def _model_allowed(attention_mask, t: int):
+    if attention_mask is None:
+        return None
+    m = attention_mask[..., :t]
+    return m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+
+
+def _prefill_only(query, key) -> None:
+    if query.shape[2] != key.shape[2]:
+        raise ValueError("attention probes take whole sequences (prefill), not cached decode steps")
+
+
+def _capture_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    _prefill_only(query, key)
+    layer, fn = getattr(module, PROBE)
+    h = module.focus_cache.take_hidden()
+    softcap = kwargs.get("softcap")
+    fn(layer, module, h, query, key, scaling, softcap)
+    allowed = _model_allowed(attention_mask, key.shape[2])
+    if softcap is not None or kwargs.get("sliding_window") is not None:
+        from ..kernels.reference import masked_attention
+
+        causal = recall.relative_distance(query.shape[2], key.shape[2], query.device) >= 0
+        sw = kwargs.get("sliding_window")
+        if sw is not None:
+            causal = causal & (recall.relative_distance(query.shape[2], key.shape[2], query.device) < sw)
+        mask = causal[None, None] if allowed is None else (causal & allowed)
+        out = masked_attention(query, key, value, mask, scale=scaling, softcap=softcap)
+    elif allowed is None:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+    else:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _masked_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    _prefill_only(query, key)
+    layer, rule = getattr(module, PROBE)
+    h = module.focus_cache.take_hidden()
+    softcap = kwargs.get("softcap")
+    keep = rule(layer, module, h, query, key, scaling, softcap)
+    cfg = module.focus_router.cfg
+    b, hq, t, _ = query.shape
+    allowed = _model_allowed(attention_mask, t)
+    out = torch.empty(b, hq, t, value.shape[-1], dtype=torch.float32, device=query.device)
+    vv = recall.expand_kv(value, hq).float()
+    for r0 in range(0, t, recall.ROWS):
+        r1 = min(t, r0 + recall.ROWS)
+        p = recall.causal_probs(query, key, r0, r1, scale=scaling, softcap=softcap)
+        local, sinks, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, query.device)
+        ok = (local | sinks)[None] | (keep(r0, r1) & distant)
+        ok = ok[:, None]
+        if allowed is not None:
+            ok = ok & allowed[..., r0:r1, :]
+        p = p * ok  # renormalising the full softmax over the kept keys = the softmax over the kept keys
+        out[:, :, r0:r1] = (p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)) @ vv
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    for name, fn in ((CAPTURE, _capture_forward), (MASKED, _masked_forward)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
+
+
+@contextlib.contextmanager
+def _probing(model, name: str, fn):
+    _state(model)  # raises for a model without routers
+    _register()
+    modules = attention_modules(model)
+    for i, m in enumerate(modules):
+        setattr(m, PROBE, (i, fn))
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(attention_fn.NAME)
+        for m in modules:
+            delattr(m, PROBE)
+        for c in routing_caches(model):
+            c.set_hidden(None)
+
+
+def capture(model, fn: CaptureFn):
+    """Context: forwards of composed ``model`` run its original attention and call ``fn`` per layer."""
+    return _probing(model, CAPTURE, fn)
+
+
+def masked(model, rule: RuleFn):
+    """Context: forwards of composed ``model`` run dense attention keeping local + sink pairs and the distant pairs
+    ``rule`` keeps (see the module docstring)."""
+    return _probing(model, MASKED, rule)
+
+
+# -------------------------------------------------------------------------------------------- the baselines' rules
+def oracle_rule(top_k: int) -> RuleFn:
+    """The oracle at top-k's budget: per query the same number of distant keys as the layer's own router keeps at
+    top-k on this input (same forward, same routing), but those of highest probability (head mean)."""
+
+    def rule(layer, module, h, q, k, scale, softcap):
+        from ..kernels.common import topk_membership
+
+        cfg = module.focus_router.cfg
+        served = recall.shared_group_keep(topk_membership(module.focus_router(h).groups, top_k))
+
+        def keep(r0, r1):
+            t = k.shape[2]
+            _, _, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, q.device)
+            p = recall.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap).mean(1)
+            return recall.oracle_keep(p, distant, (served(r0, r1) & distant).sum(-1))
+
+        return keep
+
+    return rule
+
+
+def kmeans_rule(top_k: int) -> RuleFn:
+    """k-means keys at top-k's budget (:func:`.recall.kmeans_key_routing`, :func:`.recall.kmeans_query_top`):
+    the router's K clusters, fitted per layer and input on the layer's own keys."""
+
+    def rule(layer, module, h, q, k, scale, softcap):
+        kk = module.focus_router.cfg.num_groups
+        mq, mk = recall.kmeans_key_routing(q, k, kk, recall.kmeans_query_top(kk, top_k))
+        return recall.shared_group_keep(mq, mk)
+
+    return rule
