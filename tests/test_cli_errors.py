@@ -63,7 +63,8 @@ def test_mismatched_tokenizer_is_one_line(tmp_path, tiny_dir, capsys):
     tr.AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
     char_tokenizer().save_pretrained(d)
     capsys.readouterr()  # the setup's progress bars
-    rc = main(["retrofit", "--model", str(d), "--data", str(tiny_dir / "corpus"), "--out", str(tmp_path / "run")])
+    rc = main(["retrofit", "--model", str(d), "--data", str(tiny_dir / "corpus"), "--out", str(tmp_path / "run"),
+               "--seq-len", "32"])
     assert_one_line(capsys, rc, "--model", "tokenizer belongs to another model")
 
 
@@ -72,5 +73,5 @@ def test_malformed_adapter_config_is_one_line(tmp_path, tiny_dir, capsys):
     ad.mkdir()
     (ad / "adapter_config.json").write_text('{"focus_config": {}, "hidden_size": "64"')
     rc = main(["groups", "--model", str(tiny_dir / "model"), "--adapter", str(ad), "--data",
-               str(tiny_dir / "corpus"), "--out", str(tmp_path / "g")])
-    assert_one_line(capsys, rc, str(ad / "adapter_config.json"), "corrupt JSON")
+               str(tiny_dir / "corpus"), "--out", str(tmp_path / "g"), "--seq-len", "32"])
+    assert_one_line(capsys, rc, "--adapter", str(ad / "adapter_config.json"), "corrupt JSON")

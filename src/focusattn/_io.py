@@ -26,7 +26,9 @@ def atomic_path(path: str | os.PathLike):
 
 def check_writable(path: str | os.PathLike, param: str = "out") -> None:
     """InputError (naming ``param``) unless ``path`` (a file or folder, existing or not) could be created/replaced:
-    checked up front, so a command fails before any work instead of after it. Creates nothing."""
+    checked up front, so a command fails before any work instead of after it. Leaves nothing behind: a probe file is
+    created and removed in the nearest existing folder, because permission bits alone pass where a write fails (root,
+    read-only mounts, ``/proc``)."""
     from ._errors import InputError
 
     p = Path(path).expanduser().absolute()
@@ -38,6 +40,12 @@ def check_writable(path: str | os.PathLike, param: str = "out") -> None:
     folder = probe if probe.is_dir() else probe.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(param, str(path), f"cannot be written: no write permission in {folder}")
+    try:
+        fd, probe_file = tempfile.mkstemp(prefix=".focusattn-probe.", dir=folder)
+    except OSError as e:
+        raise InputError(param, str(path), f"cannot be written in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe_file)
 
 
 def os_error_message(e: OSError) -> str:

@@ -6,8 +6,9 @@ import logging
 import shlex
 import sys
 
+from ._cli_common import check_shared
 from ._errors import cli_message
-from ._io import check_writable, os_error_message
+from ._io import os_error_message
 from .analysis import cli as analysis_cli
 from .bench import cli as bench_cli
 from .gpt import cli as gpt_cli
@@ -37,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("transformers", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        if isinstance(getattr(args, "out", None), str):
-            check_writable(args.out)  # before any work: an unwritable --out fails now, not after an hour
+        check_shared(args)  # before any work: a bad shared flag or an unwritable --out fails now, not after an hour
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError, OSError) as e:  # bad input, unwritable or full disk: one line, nothing else
         if args.verbose:

@@ -55,8 +55,10 @@ def test_resume_is_exact(tmp_path, tiny_dir):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--groups", "0"], "num_groups"),
-    (["--window", "-1"], "window"),
+    (["--groups", "0"], "--groups 0"),
+    (["--window", "-1"], "--window -1"),
+    (["--tau", "0"], "--tau 0"),
+    (["--threads", "0"], "--threads 0"),
     (["--eval-top-k", "9"], "top-k"),
     (["--seq-len", "100000"], "positions"),
     (["--model", "./no/such/model"], "no such file"),

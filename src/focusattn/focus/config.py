@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from .._errors import InputError
 from ..kernels.backends import BACKENDS  # names defined by the layer that implements them
 from ..kernels.soft import GATES
 
@@ -47,8 +48,8 @@ class FocusConfig:
     rebalance: int = 0
 
     def __post_init__(self):
-        def bad(name, allowed):
-            raise ValueError(f"FocusConfig.{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+        def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
+            raise InputError(name, getattr(self, name), f"allowed {allowed} (FocusConfig.{name})")
 
         if not isinstance(self.num_groups, int) or self.num_groups < 1:
             bad("num_groups", "an integer >= 1")

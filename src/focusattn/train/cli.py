@@ -6,6 +6,7 @@ import argparse
 from ..focus.config import ROUTINGS, FocusConfig
 from ..kernels.backends import BACKENDS
 from ..kernels.soft import GATES
+from .._cli_common import HelpFormatter, set_threads
 from ..analysis.report import retrofit_table
 from . import dist
 from .retrofit import METHODS, RetrofitConfig, retrofit
@@ -17,12 +18,17 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--groups", type=int, default=d.num_groups, help="K, number of groups")
     g.add_argument("--group-dim", type=int, default=d.group_dim, help="d_g, router projection size")
     g.add_argument("--window", type=int, default=d.window, help="w, local window that always attends")
-    g.add_argument("--tau", type=float, default=d.tau)
-    g.add_argument("--sinkhorn-iters", type=int, default=d.sinkhorn_iters)
-    g.add_argument("--gate", choices=GATES, default=d.gate)
+    g.add_argument("--tau", type=float, default=d.tau, help="Sinkhorn temperature of the group assignment")
+    g.add_argument("--sinkhorn-iters", type=int, default=d.sinkhorn_iters,
+                   help="Sinkhorn normalisation iterations (balances the groups)")
+    g.add_argument("--gate", choices=GATES, default=d.gate,
+                   help="soft training gate: log (tends to the hard mask) or multiplicative (the paper's Eq. 2)")
     g.add_argument("--lam", type=float, default=d.lam, help="gate sharpness lambda")
-    g.add_argument("--gate-offset", type=float, default=d.gate_offset)
-    g.add_argument("--routing", choices=ROUTINGS, default=d.routing)
+    g.add_argument("--gate-offset", type=float, default=d.gate_offset,
+                   help="group affinity at which the soft gate is one half")
+    g.add_argument("--routing", choices=ROUTINGS, default=d.routing,
+                   help="causal (a token's group depends on it alone), sequence (the paper's, sees the future) or "
+                        "random (a baseline)")
     g.add_argument("--backend", choices=BACKENDS, default=d.backend, help="kernel for hard top-k")
     g.add_argument("--sink-tokens", type=int, default=d.sink_tokens,
                    help="first n tokens always visible (attention sinks); 0 = the paper's mask")
@@ -50,6 +56,7 @@ def _retrofit(a) -> int:
         repeat_prob=a.repeat_prob,
         focus=focus_from_args(a),
     )
+    set_threads(a.threads)
     summary = retrofit(cfg, command=a.command_line)
     if dist.is_main():
         print(retrofit_table(summary))
@@ -60,22 +67,26 @@ def _retrofit(a) -> int:
 def register(sub) -> None:
     d = RetrofitConfig()
     p = sub.add_parser("retrofit", help="train Focus routers on a frozen pretrained LM and evaluate before/after",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("--model", default=d.model, help="alias (smollm2-135m), hub id, or local folder")
     p.add_argument("--data", default=d.data, help="shakespeare | lee-news | hf:<dataset> | path to .txt file/folder")
     p.add_argument("--ood-data", default=d.ood_data, help="second corpus for the out-of-domain check ('none' = skip)")
-    p.add_argument("--out", default=d.out)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=d.out, help="run folder: metrics, checkpoint, adapter/ and summary.json")
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per training and evaluation window")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="windows per micro-batch")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches accumulated per step")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW, after warm-up)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="linear learning-rate warm-up steps")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of initialisation and data order")
     p.add_argument("--eval-windows", type=int, default=d.eval_windows, help="validation windows of --seq-len")
-    p.add_argument("--ood-eval-windows", type=int, default=d.ood_eval_windows)
-    p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K/2: above K/2 every pair shares a group)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--ood-eval-windows", type=int, default=d.ood_eval_windows,
+                   help="windows of --ood-data for the out-of-domain check (0 = skip)")
+    p.add_argument("--eval-top-k", default="", help="comma list of hard top-k to evaluate (default 1..K/2: above "
+                   "K/2 every pair shares a group)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="steps between checkpoints (--resume continues from the last)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's setting)")
     p.add_argument("--grad-checkpointing", action="store_true", help="activation checkpointing for long sequences")
     p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint (checkpoint.json)")
     p.add_argument("--fsdp", action="store_true",
@@ -97,4 +108,5 @@ def register(sub) -> None:
     g.add_argument("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r (--method lora)")
     g.add_argument("--lora-alpha", type=float, default=d.lora_alpha, help="LoRA alpha (scale alpha/r; default 2r)")
     add_focus_args(p)
-    p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k"})  # library argument -> flag in errors
+    # library argument -> flag in errors (FocusConfig.num_groups is --groups)
+    p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k", "num_groups": "--groups"})
