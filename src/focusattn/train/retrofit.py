@@ -32,6 +32,7 @@ from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, sa
 from . import dist
 from .checkpoint import load_checkpoint
 from .loop import TrainConfig, adamw, train_loop
+from .objectives import OBJECTIVES, AttentionObjective
 
 log = logging.getLogger("focusattn")
 
@@ -62,6 +63,9 @@ class RetrofitConfig(TrainConfig):
     distill: float = 0.0  # loss = (1 - distill) * LM loss + distill * KL(original model || composed), per token
     init_adapter: str | None = None  # start the routers from this adapter (name or folder): continue training
     repeat_prob: float = 0.0  # share of training windows whose second half repeats the first (see repeat_halves)
+    objective: str = "lm"  # "lm" (LM loss, with distill) or "attention" (each router against its layer's attention)
+    attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
+    pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
     method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
     lora_rank: int = 8
     lora_alpha: float | None = None  # LoRA scale alpha / rank; None = 2 * rank
@@ -91,6 +95,17 @@ class RetrofitConfig(TrainConfig):
             raise InputError("distill", self.distill, f"allowed a float in [0, 1] ({c}.distill)")
         if not 0 <= self.repeat_prob <= 1:
             raise InputError("repeat_prob", self.repeat_prob, f"allowed a float in [0, 1] ({c}.repeat_prob)")
+        if self.objective not in OBJECTIVES:
+            raise InputError("objective", self.objective, f"allowed {', '.join(OBJECTIVES)} ({c}.objective)")
+        if self.objective == "attention" and self.method != "focus":
+            raise InputError("objective", self.objective, f"allowed only with method 'focus' ({c}.objective)")
+        if self.objective == "attention" and self.distill:
+            raise InputError("distill", self.distill, "allowed only with objective 'lm' (the attention objective "
+                             "has no output-level term; continue with --init-adapter for one)")
+        for name in ("attn_keys", "pool"):
+            v, low = getattr(self, name), 1 if name == "attn_keys" else 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise InputError(name, v, f"allowed an integer >= {low} ({c}.{name})")
         if self.init_adapter is not None and self.method != "focus":
             raise InputError("init_adapter", self.init_adapter, f"allowed only with method 'focus' ({c}.init_adapter)")
         if self.lam_final is not None and not self.lam_final > 0:
@@ -214,10 +229,17 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def next_batch(step: int, micro: int) -> torch.Tensor:
         samples = dist.sample_range(step * cfg.grad_accum + micro, cfg.batch_size)
+        if cfg.pool:  # the same pool of windows over and over (their attention targets are memoised)
+            samples = [s % cfg.pool for s in samples]
         x = repeat_halves(sampler.windows(train_ids, samples), samples, cfg.repeat_prob, cfg.seed)
         return torch.as_tensor(x, dtype=torch.long, device=device)
 
+    attention = None if lora or cfg.objective != "attention" else \
+        AttentionObjective(model, top_m=cfg.attn_keys, balance_loss=cfg.balance_loss, memo=cfg.pool > 0)
+
     def loss_of(x: torch.Tensor):
+        if attention is not None:
+            return attention(x)
         teacher = None
         if cfg.distill and not lora:
             with torch.no_grad(), original_attention(model):
@@ -239,8 +261,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if lora:
             return common
         # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
-        if "kl" in rec:
-            common["kl"] = rec["kl"]
+        for key in ("kl", "attn_ce", "kept_top1"):
+            if key in rec:
+                common[key] = rec[key]
         return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
                 "largest_share": [r.largest_share for r in rs]}
 

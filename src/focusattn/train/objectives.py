@@ -1,0 +1,144 @@
+"""Router objectives against the frozen model's own attention (``retrofit --objective attention``).
+
+Why: the LM and distillation objectives run the whole model forward *and backward* through 30 layers to train 0.2% of
+the weights (about a minute per 2048-token step here), so routers saw 100 steps at 2048 tokens. Peers train their
+selectors against the frozen model's attention instead (DeepSeek's sparse-attention indexer warm-up: a KL to the
+main attention, summed over heads; SeerAttention: gates distilled from pooled attention maps). Here one no-grad
+forward of the original model (:func:`..hf.probe.capture`) gives each layer's input and its attention; every
+router is then trained on its own layer with no backward through the model, and a window's targets can be reused
+(``pool``) because the frozen model's attention never changes.
+
+The loss of a query ``i`` is the cross-entropy from the original's distant attention (head mean, its ``M`` most
+attended distant keys, renormalised) to the routing's normalised affinity over the distant keys,
+``a_ij / sum_j' a_ij'`` with ``a_ij = g_i . g_j`` the probability that two soft assignments share a group. Sharing
+a group with every distant key is as bad as sharing it with none, so the loss itself asks for groups, and queries
+count by their distant mass (a query that attends locally needs nothing from its groups).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import recall as R
+
+OBJECTIVES = ("lm", "attention")
+EPS = 1e-9
+
+
+@dataclass
+class LayerTargets:
+    """One layer's targets for a batch: ``h`` [B, T, d] its input (bf16 to halve a pool's memory), ``idx`` [B, T, M]
+    the most attended distant keys (-1 = none), ``weight`` [B, T, M] their head-mean probability, ``mass`` [B, T]
+    the query's whole distant mass."""
+
+    h: torch.Tensor
+    idx: torch.Tensor
+    weight: torch.Tensor
+    mass: torch.Tensor
+
+
+def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, softcap=None) -> LayerTargets:
+    """Targets of one layer from its input and q/k (no gradient), rows in chunks."""
+    b, _, t, _ = q.shape
+    m = min(top_m, t)
+    idx = torch.full((b, t, m), -1, dtype=torch.int32)
+    weight = torch.zeros(b, t, m)
+    mass = torch.zeros(b, t)
+    for r0 in range(0, t, R.ROWS):
+        r1 = min(t, r0 + R.ROWS)
+        _, _, distant = R.pair_kinds(r0, r1, t, window, sink, q.device)
+        p = R.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap).mean(1) * distant
+        mass[:, r0:r1] = p.sum(-1).cpu()
+        vals, ix = p.topk(m, dim=-1)
+        weight[:, r0:r1] = vals.cpu()
+        idx[:, r0:r1] = torch.where(vals > 0, ix, -1).to(torch.int32).cpu()
+    return LayerTargets(h.detach().to(torch.bfloat16).cpu(), idx, weight, mass)
+
+
+@torch.no_grad()
+def attention_targets(model, x: torch.Tensor, *, top_m: int) -> list[LayerTargets]:
+    """One no-grad forward of composed ``model`` as the original (``hf.probe.capture``): every layer's targets."""
+    from ..hf import focus_config, routers
+    from ..hf.probe import capture
+
+    cfg = focus_config(model)
+    out: list[LayerTargets | None] = [None] * len(routers(model))
+
+    def fn(layer, module, h, q, k, scale, softcap):
+        out[layer] = layer_targets(h, q, k, window=cfg.window, sink=cfg.sink_tokens, top_m=top_m, scale=scale,
+                                   softcap=softcap)
+
+    with capture(model, fn):
+        model(x, logits_to_keep=1)
+    return out
+
+
+def distant_sums(groups: torch.Tensor, window: int, sink: int) -> torch.Tensor:
+    """``S[b, i] = sum of groups[b, j]`` over query i's distant keys (``sink <= j < i - window``), ``[B, T, K]``, by
+    a prefix sum: the normaliser of the affinity without any ``T x T`` tensor."""
+    t = groups.shape[1]
+    c = F.pad(torch.cumsum(groups, 1), (0, 0, 1, 0))  # c[:, n] = sum over j < n
+    hi = (torch.arange(t, device=groups.device) - window).clamp_min(0)
+    lo = min(sink, t)
+    s = c[:, hi] - c[:, lo:lo + 1]
+    return s * (hi > lo).to(s.dtype)[None, :, None]
+
+
+def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int, sink: int):
+    """``(loss, kept)``: the mass-weighted cross-entropy of the module docstring for soft ``groups`` [B, T, K]
+    (gradient flows to them), and the share of the targets' mass that hard top-1 of ``groups`` keeps (no gradient;
+    what the served top-1 mask would keep of these keys)."""
+    idx = tg.idx.to(groups.device).long()
+    valid = idx >= 0
+    gj = torch.gather(groups[:, None].expand(-1, idx.shape[1], -1, -1), 2,
+                      idx.clamp_min(0)[..., None].expand(-1, -1, -1, groups.shape[-1]))  # [B, T, M, K]
+    aff = (groups[:, :, None, :] * gj).sum(-1)
+    w = tg.weight.to(groups.device) * valid
+    w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
+    denom = (groups * distant_sums(groups, window, sink)).sum(-1)
+    ce = -(w_norm * torch.log(aff + EPS)).sum(-1) + torch.log(denom + EPS)
+    mass = tg.mass.to(groups.device) * valid.any(-1)
+    loss = (mass * ce).sum() / mass.sum().clamp_min(EPS)
+    with torch.no_grad():
+        top = groups.argmax(-1)
+        same = (torch.gather(top[:, None].expand(-1, idx.shape[1], -1), 2, idx.clamp_min(0)) == top[..., None])
+        kept = float((w * same).sum() / w.sum().clamp_min(EPS))
+    return loss, kept
+
+
+class AttentionObjective:
+    """``objective(x) -> (loss, scalars)`` for the training loop: targets from one capture forward per batch
+    (memoised by the batch's tokens when ``pool``: the same windows come back, the frozen model's attention does
+    not change), then every router's loss on its own layer, mean over layers, plus the balance loss."""
+
+    def __init__(self, model, *, top_m: int = 64, balance_loss: float = 0.0, memo: bool = False):
+        from ..hf import focus_config, routers
+
+        self.model, self.top_m, self.balance_loss = model, top_m, balance_loss
+        self.routers, self.cfg = routers(model), focus_config(model)
+        self.memo: dict[str, list[LayerTargets]] | None = {} if memo else None
+
+    def targets(self, x: torch.Tensor) -> list[LayerTargets]:
+        if self.memo is None:
+            return attention_targets(self.model, x, top_m=self.top_m)
+        key = hashlib.sha1(x.cpu().numpy().tobytes()).hexdigest()
+        if key not in self.memo:
+            self.memo[key] = attention_targets(self.model, x, top_m=self.top_m)
+        return self.memo[key]
+
+    def __call__(self, x: torch.Tensor):
+        losses, kept = [], []
+        device = next(self.routers[0].parameters()).device
+        for r, tg in zip(self.routers, self.targets(x)):
+            groups = r(tg.h.to(device=device, dtype=torch.float32)).groups
+            loss, k = router_attention_loss(groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens)
+            losses.append(loss)
+            kept.append(k)
+        attn = torch.stack(losses).mean()
+        bal = torch.stack([r.balance for r in self.routers]).mean()
+        logs = {"loss": attn.item(), "attn_ce": attn.item(), "balance": bal.item(),
+                "kept_top1": sum(kept) / len(kept)}
+        return attn + self.balance_loss * bal, logs

@@ -1,0 +1,102 @@
+"""The attention objective: targets from the frozen model's own attention, the router loss, and a retrofit that
+trains routers with it (no backward through the model)."""
+import json
+
+import pytest
+import torch
+
+import focusattn as fa
+from focusattn._errors import InputError
+from focusattn.hf import router_parameters, routers
+from focusattn.kernels import recall as R
+from focusattn.train.objectives import (AttentionObjective, LayerTargets, attention_targets, distant_sums,
+                                        layer_targets, router_attention_loss)
+from focusattn.train.retrofit import RetrofitConfig, retrofit
+from tests.conftest import focus_case, tiny_model
+
+
+def test_distant_sums_match_the_loop():
+    g = torch.softmax(torch.randn(2, 17, 3), -1)
+    for window, sink in ((0, 0), (2, 1), (4, 3), (20, 1)):
+        s = distant_sums(g, window, sink)
+        for i in range(17):
+            want = sum((g[:, j] for j in range(sink, 17) if i - j > window), torch.zeros(2, 3))
+            torch.testing.assert_close(s[:, i], want, atol=1e-6, rtol=1e-6)
+
+
+def test_layer_targets_are_the_top_distant_keys_of_the_head_mean():
+    q, k, _, _ = focus_case(1, 1, 4, 2, 30, 30, 4, 1)
+    tg = layer_targets(torch.randn(1, 30, 5), q, k, window=3, sink=1, top_m=4)
+    p = R.causal_probs(q, k, 0, 30).mean(1)[0]
+    _, _, distant = R.pair_kinds(0, 30, 30, 3, 1)
+    for i in range(30):
+        d = (p[i] * distant[i])
+        torch.testing.assert_close(tg.mass[0, i], d.sum(), atol=1e-6, rtol=1e-6)
+        n = int(distant[i].sum())
+        got = set(tg.idx[0, i][tg.idx[0, i] >= 0].tolist())
+        assert got == set(d.topk(min(4, n)).indices.tolist()) if n else not got
+        assert all(distant[i, j] for j in got)
+
+
+def test_router_loss_prefers_groups_that_follow_the_attention():
+    # queries at even positions attend distant even keys, odd ones odd keys
+    t, window = 24, 1
+    idx = torch.full((1, t, 4), -1, dtype=torch.int32)
+    for i in range(t):
+        keys = [j for j in range(i - window - 1, -1, -1) if j % 2 == i % 2][:4]
+        idx[0, i, :len(keys)] = torch.tensor(keys, dtype=torch.int32)
+    tg = LayerTargets(torch.zeros(1, t, 1), idx, (idx >= 0).float(), (idx >= 0).any(-1).float())
+    parity = torch.nn.functional.one_hot(torch.arange(t) % 2, 2).float()[None] * 0.98 + 0.01
+    mixed = torch.full((1, t, 2), 0.5)
+    one = torch.tensor([0.99, 0.01]).expand(1, t, 2)
+    good, kept = router_attention_loss(parity, tg, window=window, sink=0)
+    assert kept == 1.0
+    assert good < router_attention_loss(mixed, tg, window=window, sink=0)[0]
+    assert good < router_attention_loss(one, tg, window=window, sink=0)[0]  # one group for all is no answer
+    logits = torch.randn(1, t, 2, generator=torch.Generator().manual_seed(0)).requires_grad_()  # not the saddle
+    router_attention_loss(torch.softmax(logits, -1), tg, window=window, sink=0)[0].backward()
+    assert logits.grad.abs().sum() > 0
+
+
+def test_attention_targets_come_from_the_original_model():
+    model = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, group_dim=8, window=3)).eval()
+    x = torch.randint(0, 90, (1, 20))
+    tgs = attention_targets(model, x, top_m=5)
+    assert len(tgs) == 2 and tgs[0].h.shape == (1, 20, 64) and tgs[1].idx.shape == (1, 20, 5)
+    assert (tgs[0].mass[0, :4] == 0).all() and (tgs[0].mass[0, 5:] > 0).all()  # no distant key before i > w
+
+
+def test_objective_memo_and_gradients_reach_only_the_routers():
+    model = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, group_dim=8, window=3)).eval()
+    for r in routers(model):
+        r.train()
+    obj = AttentionObjective(model, top_m=5, balance_loss=0.1, memo=True)
+    x = torch.randint(0, 90, (1, 20))
+    loss, logs = obj(x)
+    loss.backward()
+    assert set(logs) >= {"loss", "attn_ce", "balance", "kept_top1"} and len(obj.memo) == 1
+    obj(x)
+    assert len(obj.memo) == 1
+    assert all(p.grad is not None for p in router_parameters(model))
+    assert all(p.grad is None for n, p in model.named_parameters() if "focus_router" not in n)
+
+
+def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
+    cfg = RetrofitConfig(model=str(tiny_dir / "model"), data=str(tiny_dir / "corpus"), ood_data=None,
+                         out=str(tmp_path / "run"), steps=4, seq_len=48, eval_windows=1, eval_top_ks=(1,),
+                         objective="attention", attn_keys=8, pool=2, balance_loss=0.1, lr=0.05,
+                         focus=fa.FocusConfig(num_groups=4, window=8))
+    s = retrofit(cfg, progress=False)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4] and all("kept_top1" in r and "attn_ce" in r for r in recs)
+    assert s["config"]["objective"] == "attention" and "top1" in s["perplexity"]["after"]["domain"]
+    assert (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()
+
+
+@pytest.mark.parametrize("kw,name", [(dict(objective="mse"), "objective"),
+                                     (dict(objective="attention", method="lora"), "objective"),
+                                     (dict(objective="attention", distill=0.5), "distill"),
+                                     (dict(attn_keys=0), "attn_keys"), (dict(pool=-1), "pool")])
+def test_bad_objective_settings_name_the_argument(kw, name):
+    with pytest.raises(InputError, match=name):
+        RetrofitConfig(**kw)
