@@ -46,7 +46,7 @@ def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, s
         used.clear()
         ts = [t.clone().requires_grad_() for t in (q, kk, v)]
         out, lse = focus_attention(*ts, member, window, sink=sink, key_padding_mask=kpm, return_lse=True,
-                                   group_index=GroupIndex(member) if indexed else None)
+                                   group_index=GroupIndex(member) if indexed else None, backend="decomposed")
         assert bool(used) == (frac == 0.0)
         rows = torch.ones(b, tq, dtype=torch.bool) if kpm is None else kpm[:, tk - tq:]
         sel = rows[:, None, :].expand_as(lse)
@@ -54,7 +54,8 @@ def test_masked_pass_and_gather_agree(monkeypatch, seed, b, tq, tk, k, window, s
         assert torch.allclose(lse[sel & ~lse.isinf()], ref_lse[sel & ~lse.isinf()], atol=1e-8)
         with torch.no_grad():  # inference: the masked pass's in-place form (no -inf), same answers
             out_ng, lse_ng = focus_attention(q, kk, v, member, window, sink=sink, key_padding_mask=kpm,
-                                             return_lse=True, group_index=GroupIndex(member) if indexed else None)
+                                             return_lse=True, group_index=GroupIndex(member) if indexed else None,
+                                             backend="decomposed")
         assert torch.allclose(out_ng[sel], ref[sel], atol=1e-8) and torch.equal(lse_ng.isinf(), ref_lse.isinf())
         assert torch.allclose(lse_ng[sel & ~lse_ng.isinf()], ref_lse[sel & ~lse_ng.isinf()], atol=1e-8)
         (out[sel] * 0.5).sum().backward()

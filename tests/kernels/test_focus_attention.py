@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from focusattn.kernels import decode as decode_mod
+from focusattn.kernels import dispatch
 from focusattn.kernels.decomposed import plan as plan_mod
 from focusattn.kernels.api import focus_attention
 from focusattn.kernels.decode import focus_key_indices
@@ -14,7 +15,19 @@ from focusattn.kernels.decomposed import decomposed_focus_attention
 from focusattn.kernels.reference import dense_focus_attention, focus_allowed, masked_attention
 from tests.conftest import random_membership
 
-FAST = ("decomposed", "flex")
+# "auto-dense" / "auto-sparse": backend="auto" with break-evens that send every call it may to the dense branches
+# (causal, masked, decode-masked) / to the sparse engines (decomposed, gather): each branch meets the same contract.
+FAST = ("decomposed", "flex", "auto", "auto-dense", "auto-sparse")
+AUTO_TABLES = {"auto-dense": {"cpu": dispatch.BreakEvens({1: 10**9}, {1: 10**9})},
+               "auto-sparse": {"cpu": dispatch.BreakEvens()}}
+
+
+def _attend(*args, backend, **kw):
+    """``focus_attention`` with ``backend``, the ``auto-*`` names dispatching by their break-evens."""
+    if backend in AUTO_TABLES:
+        with dispatch.using(AUTO_TABLES[backend]):
+            return focus_attention(*args, backend="auto", **kw)
+    return focus_attention(*args, backend=backend, **kw)
 
 
 @st.composite
@@ -40,7 +53,8 @@ def problems(draw, allow_decode=True):
     if padded:  # left padding of random length, plus a random hole, like batched generation
         kpm = torch.rand(b, tk, generator=gen) > 0.2
         kpm[:, : draw(st.integers(0, tk))] = False
-    return q, k, v, memb, window, dict(softcap=softcap, key_padding_mask=kpm)
+    sink = draw(st.sampled_from([0, 0, 1, 2]))
+    return q, k, v, memb, window, dict(softcap=softcap, key_padding_mask=kpm, sink=sink)
 
 
 def _assert_lse_close(lse, ref, atol):
@@ -56,7 +70,7 @@ def _assert_lse_close(lse, ref, atol):
 def test_forward_matches_dense_fp32(backend, prob):
     q, k, v, memb, window, kw = prob
     ref, ref_lse = dense_focus_attention(q, k, v, memb, window, return_lse=True, **kw)
-    out, lse = focus_attention(q, k, v, memb, window, backend=backend, return_lse=True, **kw)
+    out, lse = _attend(q, k, v, memb, window, backend=backend, return_lse=True, **kw)
     assert out.dtype == q.dtype and out.shape == q.shape and lse.dtype == torch.float32
     assert (out - ref).abs().max() <= 1e-5
     _assert_lse_close(lse, ref_lse, 1e-5)
@@ -80,10 +94,10 @@ def test_gradients_match_dense(backend, prob):
 
     if backend == "flex" and q.device.type == "cpu":  # FlexAttention has no CPU backward: refuse, clearly
         with pytest.raises(ValueError, match="backend 'flex' has no backward on CPU"):
-            grads(lambda a, b, c: focus_attention(a, b, c, memb, window, backend=backend, return_lse=True, **kw))
+            grads(lambda a, b, c: _attend(a, b, c, memb, window, backend=backend, return_lse=True, **kw))
         return
     ref = grads(lambda a, b, c: dense_focus_attention(a, b, c, memb, window, return_lse=True, **kw))
-    got = grads(lambda a, b, c: focus_attention(a, b, c, memb, window, backend=backend, return_lse=True, **kw))
+    got = grads(lambda a, b, c: _attend(a, b, c, memb, window, backend=backend, return_lse=True, **kw))
     for name, r, g in zip("qkv", ref, got):
         assert (r - g).abs().max() <= 1e-4, name
 
@@ -96,7 +110,7 @@ def test_bf16_within_bf16_tolerance(backend, prob):
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
     ref = dense_focus_attention(qb.float(), kb.float(), vb.float(), memb, window, **kw)
     # return_lse keeps flex on its eager path (compiled CPU flex has no LSE); the output is what is checked
-    out = focus_attention(qb, kb, vb, memb, window, backend=backend, return_lse=True, **kw)[0]
+    out = _attend(qb, kb, vb, memb, window, backend=backend, return_lse=True, **kw)[0]
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
@@ -251,7 +265,7 @@ def test_auto_logs_choice_once(caplog):
         focus_attention(q, k, v, memb, 2)
     msgs = [r for r in caplog.records if "backend='auto'" in r.getMessage()]
     assert len(msgs) == 1 and "decomposed" in msgs[0].getMessage()
-    assert torch.equal(a, focus_attention(q, k, v, memb, 2, backend="decomposed"))
+    assert (a - focus_attention(q, k, v, memb, 2, backend="decomposed")).abs().max() <= 1e-6
 
 
 def test_assert_close_reports_relative_error():
@@ -260,3 +274,70 @@ def test_assert_close_reports_relative_error():
     assert_close(torch.ones(3), torch.ones(3) + 1e-7)
     with pytest.raises(AssertionError, match=r"max relative error 5\.000e-01"):
         assert_close(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0]), name="x")
+
+
+def _branch_case(seed, tq, tk, window, top_k, groups=4, pad=True):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 6, tq, 8, generator=gen)  # GQA: 3 query heads per k/v head
+    k, v = torch.randn(2, 2, tk, 8, generator=gen), torch.randn(2, 2, tk, 8, generator=gen)
+    memb = random_membership(2, tk, groups, top_k, gen=gen)
+    kpm = None
+    if pad:  # left padding on one row, like batched generation
+        kpm = torch.ones(2, tk, dtype=torch.bool)
+        kpm[1, :5] = False
+    return q, k, v, memb, kpm
+
+
+# (table, Tq, Tk, window, top_k of 4 groups) -> the branch auto must take
+BRANCH_CASES = [
+    ("auto-sparse", 30, 30, 29, 1, "causal"),  # the window covers the sequence
+    ("auto-sparse", 30, 30, 3, 3, "causal"),  # top-3 of 4: every two tokens share a group
+    ("auto-dense", 30, 30, 3, 1, "masked"),
+    ("auto-sparse", 30, 30, 3, 2, "decomposed"),
+    ("auto-sparse", 2, 30, 40, 1, "causal"),  # the cache within the window
+    ("auto-dense", 1, 30, 3, 2, "decode-masked"),
+    ("auto-sparse", 3, 30, 3, 1, "gather"),
+]
+
+
+@pytest.mark.parametrize("table, tq, tk, window, top_k, branch", BRANCH_CASES)
+def test_dispatcher_takes_each_branch_exactly(table, tq, tk, window, top_k, branch):
+    """Each branch of backend='auto' is reached (counted in dispatch.PICKS) and equals the dense reference:
+    outputs, LSE (padding rows -inf), gradients through both, sinks, GQA."""
+    q, k, v, memb, kpm = _branch_case(tq * 100 + top_k, tq, tk, window, top_k)
+    kw = dict(sink=1, key_padding_mask=kpm, return_lse=True)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref, ref_lse = dense_focus_attention(*leaves, memb, window, **kw)
+    before = dict(dispatch.PICKS)
+    out, lse = _attend(*leaves, memb, window, backend=table, **kw)
+    assert {b: n - before.get(b, 0) for b, n in dispatch.PICKS.items() if n != before.get(b, 0)} == {branch: 1}
+    assert (out - ref).abs().max() <= 1e-5
+    _assert_lse_close(lse, ref_lse, 1e-5)
+    gen = torch.Generator().manual_seed(7)
+    go, gl = torch.randn(q.shape, generator=gen), torch.randn(q.shape[:3], generator=gen)
+
+    def loss(o, l_):
+        return (o * go).sum() + (torch.where(torch.isfinite(l_), l_, 0.0) * gl).sum()
+
+    for name, a, b in zip("qkv", torch.autograd.grad(loss(ref, ref_lse), leaves),
+                          torch.autograd.grad(loss(out, lse), leaves)):
+        assert (a - b).abs().max() <= 1e-4, name
+    with torch.no_grad():  # inference takes the same branch without autograd's Function: same answer
+        out_ng = _attend(q, k, v, memb, window, backend=table, **kw)[0]
+    assert (out_ng - ref).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("table", ["auto", "auto-dense", "auto-sparse"])
+@pytest.mark.parametrize("window, top_k", [(3, 1), (3, 2), (40, 1)])
+def test_auto_decode_equals_prefill(table, window, top_k):
+    """Token-by-token decoding through backend='auto' with a GroupIndex (as generation runs it) gives the prefill's
+    rows, whichever branch each step takes."""
+    from focusattn.kernels import GroupIndex
+
+    q, k, v, memb, kpm = _branch_case(11, 36, 36, window, top_k)
+    full = _attend(q, k, v, memb, window, backend=table, sink=1, key_padding_mask=kpm)
+    index = GroupIndex(memb[:, :20])
+    for t in range(20, 36):
+        step = _attend(q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1], memb[:, :t + 1], window, backend=table,
+                       sink=1, key_padding_mask=kpm[:, :t + 1], group_index=index.append(memb[:, t:t + 1]))
+        assert (step[:, :, 0] - full[:, :, t]).abs().max() <= 1e-5, t

@@ -14,7 +14,9 @@ to ``[B, Hq, Tq, Tk]`` that the result must also obey (a host model's own slidin
 compute the dense reference: no sparse engine takes an arbitrary mask.
 
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
-:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (= decomposed, logged once).
+:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (per call, the exact
+engine fastest for its shape from measured break-evens: plain causal attention when the mask keeps every causal
+pair, one masked fused call for a short prefill, else decomposed / decode; :mod:`.dispatch`).
 
 ``group_index`` (a :class:`.group_index.GroupIndex` over the same ``Tk`` tokens) lets the decode path
 (decomposed/auto with ``Tq < Tk``) read each query's keys from per-group lists instead of scanning ``membership``;
@@ -31,7 +33,8 @@ import torch
 
 from .backends import check_backend
 from .decode import focus_decode_attention
-from .common import sink_key_mask
+from .common import default_scale, sink_key_mask
+from .dispatch import PICKS, choose, dense_branch
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
 from .lse import acc, acc_dtype, merge_pair, merge_signed_
@@ -58,8 +61,17 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
     if allowed is not None:
         check_backend(backend, q)  # the name must still be valid
         backend = "dense"
+    auto = backend == "auto"
     backend = check_backend(backend, q, needs_grad)
     kw = dict(scale=scale, softcap=softcap, key_padding_mask=key_padding_mask)
+    branch = None
+    if auto:  # the exact engine fastest for this call's shape (kernels/dispatch.py)
+        branch = choose(q, k, membership, window, softcap=softcap, group_index=group_index)
+        PICKS[branch] += 1
+        if branch in ("causal", "masked"):
+            out, lse = dense_branch(q, k, v, membership, window, sink=sink, scale=default_scale(q.shape[-1], scale),
+                                    key_padding_mask=key_padding_mask, causal_only=branch == "causal")
+            return (out, lse) if return_lse else out
     if backend == "dense":
         out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True, **kw)
         return (out, acc(lse)) if return_lse else out
@@ -69,7 +81,8 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         out, lse = res if (return_lse or sink > 0) else (res, None)
     elif q.shape[2] < k.shape[2]:  # the sinks join each query's gathered keys: no separate part to merge
         out, lse = focus_decode_attention(q, k, v, membership, window, sink=sink, return_lse=True,
-                                          group_index=group_index, validate=False, **kw)
+                                          group_index=group_index, validate=False, masked=branch == "decode-masked",
+                                          **kw)
         return (out, lse) if return_lse else out
     else:
         out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)

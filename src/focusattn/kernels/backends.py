@@ -89,4 +89,5 @@ def _log_auto_choice(device: str, dtype: str, choice: str) -> None:
         engine = "cuda-mem-efficient, part A packed into one variable-length call"
     else:
         engine = "generic chunked"
-    logger.info("focus_attention backend='auto' -> %r on %s/%s (same-group engine: %s)", choice, device, dtype, engine)
+    logger.info("focus_attention backend='auto' -> per call (kernels/dispatch.py: causal / masked below the measured "
+                "break-even / %r) on %s/%s (same-group engine: %s)", choice, device, dtype, engine)

@@ -178,7 +178,7 @@ def _masked_pass(q, k, v, allowed, scale, softcap):
 
 
 def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
-                           return_lse=False, group_index=None, validate=True):
+                           return_lse=False, group_index=None, validate=True, masked=False):
     """Exact Focus attention for queries aligned to the end of the keys: per-query key gathering, or one masked pass
     when the lists are long (see the module docstring).
 
@@ -188,7 +188,9 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     they join the gathered lists, so a decode step makes one pass, not a sparse part plus a sink part and a merge.
     ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
     is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan. ``validate=False``
-    skips the input checks of :mod:`.validation` (``focus_attention`` has done them).
+    skips the input checks of :mod:`.validation` (``focus_attention`` has done them). ``masked=True`` takes the
+    masked pass whatever the lists' length (``backend="auto"`` on a cache below the gather break-even, see
+    :mod:`.dispatch`; float32/float64 only, other dtypes gather).
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
@@ -227,10 +229,10 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         allowed = None
         if group_index is None:  # a scan: the allowed rows first, then whichever engine their count calls for
             allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
-            if not (can_mask and _long(int(allowed.sum(-1).max()), tk)):
+            if not (can_mask and (masked or _long(int(allowed.sum(-1).max()), tk))):
                 idx, valid = _compact(allowed)
                 allowed = None
-        elif can_mask and _long(longest, tk):
+        elif can_mask and (masked or _long(longest, tk)):
             allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
         else:
             idx, valid = group_index.key_indices(qpos, window, key_padding_mask)

@@ -61,6 +61,7 @@ class GroupIndex:
         self._memb = torch.zeros(b, _pow2_at_least(t), k, dtype=torch.bool, device=dev)
         self._memb[:, :t] = membership
         self._len = t
+        self._note_groups(membership)
 
     # ------------------------------------------------------------------------------------------- state
     def __len__(self) -> int:
@@ -80,6 +81,16 @@ class GroupIndex:
         """``(positions [B, K, L] int32, counts [B, K])``: list ``(b, g)`` is ``positions[b, g, :counts[b, g]]``,
         ascending, padded with ``INT32_MAX``; ``L`` = the longest list."""
         return self._pos[:, :, :int(self.counts.max())], self.counts
+
+    def _note_groups(self, membership: torch.Tensor, reset: bool = True) -> None:
+        """Keep ``min_groups`` / ``max_groups`` (the fewest / most groups of any indexed token; ``K`` / 0 when none):
+        the dispatcher reads them instead of scanning every token per step (:mod:`.dispatch`)."""
+        kk = self.counts.shape[1]
+        lo, hi = (kk, 0) if reset else (self.min_groups, self.max_groups)
+        if membership.shape[1]:
+            a, b = torch.stack(torch.aminmax(membership.sum(-1))).tolist()  # one sync
+            lo, hi = min(lo, a), max(hi, b)
+        self.min_groups, self.max_groups = lo, hi
 
     # ------------------------------------------------------------------------------------------- updates
     def _grow_lists(self, need: int) -> None:
@@ -115,6 +126,7 @@ class GroupIndex:
         self._pos[:, :, self._cap] = _PAD
         self.counts = self.counts + mt.sum(-1)
         self._len += t
+        self._note_groups(membership_new, reset=False)
         return self
 
     def crop(self, n: int) -> "GroupIndex":
@@ -127,6 +139,7 @@ class GroupIndex:
         self._memb[:, n:self._len] = False
         self._len = n
         self._bound = int(self.counts.max())
+        self._note_groups(self.membership)
         return self
 
     def reorder(self, batch_idx: torch.Tensor) -> "GroupIndex":
@@ -134,6 +147,7 @@ class GroupIndex:
         ``O(B' * (K * cap + T * K))`` copies, far less than the cache's own reorder. Returns ``self``."""
         batch_idx = batch_idx.to(self.device)
         self._pos, self.counts, self._memb = self._pos[batch_idx], self.counts[batch_idx], self._memb[batch_idx]
+        self._note_groups(self.membership)
         return self
 
     # ------------------------------------------------------------------------------------------- queries
