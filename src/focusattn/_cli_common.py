@@ -182,9 +182,9 @@ _AT_LEAST = {"window": 0, "sink_tokens": 0, "eval_windows": 1, "groups": 1, "ste
 
 def check_shared(args: argparse.Namespace) -> None:
     """Every shared flag a parsed command line has, checked by dest name before the command runs, cheapest first:
-    integer bounds (``--window >= 0``, ``--threads >= 1`` ...), ``--out`` writable, ``--seq-len`` / ``--lengths``
-    against the ``--model``'s positions (its config only), ``--top-k`` / ``--eval-top-k`` against the K of
-    ``--adapter`` (its config only) or of ``--groups``."""
+    integer bounds (``--window >= 0``, ``--threads >= 1`` ...), ``--out`` writable, ``--top-k`` / ``--eval-top-k``
+    against the K of ``--adapter`` (its config only) or of ``--groups``, ``--seq-len`` / ``--lengths`` against the
+    ``--model``'s positions (its config only)."""
     a = vars(args)
     for dest, lo in _AT_LEAST.items():
         if a.get(dest) is not None and not isinstance(a[dest], (list, tuple, str)):  # one integer (not nargs)
@@ -193,9 +193,6 @@ def check_shared(args: argparse.Namespace) -> None:
     if isinstance(a.get("out"), str):
         check_writable(a["out"])
     model = a.get("model") if isinstance(a.get("model"), str) else None
-    for dest in ("seq_len", "lengths"):
-        if a.get(dest) is not None:
-            check_lengths(a[dest], dest, model_positions(model) if model else None)
     k, source = None, ""
     if isinstance(a.get("adapter"), str) and a["adapter"]:
         k, source = adapter_groups(a["adapter"]), f"adapter {a['adapter']}"
@@ -204,6 +201,9 @@ def check_shared(args: argparse.Namespace) -> None:
     for dest in ("top_k", "eval_top_k"):
         if a.get(dest):
             check_top_ks(a[dest], dest, k, soft=a.get("command") == "eval" and dest == "top_k", source=source)
+    for dest in ("seq_len", "lengths"):  # last: an offline alias is converted once on its first use
+        if a.get(dest) is not None:
+            check_lengths(a[dest], dest, model_positions(model) if model else None)
 
 
 __all__ = ["BASELINES", "HelpFormatter", "adapter_groups", "check_int", "check_lengths", "check_long_eval",

@@ -73,6 +73,7 @@ def test_groups_update_summary_missing_is_named_before_any_work(tmp_path, capsys
     import focusattn.analysis.cli as acli
 
     monkeypatch.setattr(acli, "groups_report", lambda *a, **k: pytest.fail("ran before checking its inputs"))
-    rc = main(["groups", "--adapter", "x", "--update-summary", str(tmp_path), "--out", str(tmp_path / "g")])
+    rc = main(["groups", "--adapter", "smollm2-135m-focus-k8", "--update-summary", str(tmp_path), "--out",
+               str(tmp_path / "g")])
     err = capsys.readouterr().err
     assert rc == 2 and "missing summary.json" in err and "focusattn retrofit --out RUN" in err

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from .._cli_common import HelpFormatter, ints, set_threads
 from .._io import write_json, write_text
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..eval.sinks import run_sink_probe
@@ -69,6 +70,7 @@ def _ship(a) -> int:
 
 
 def _sinks(a) -> int:
+    set_threads(a.threads)
     res = run_sink_probe(a.model, a.data, a.out, seq_len=a.seq_len, windows=a.eval_windows, window=a.window,
                          groups=a.groups, sink=a.sink_tokens, command=a.command_line)
     print(sinks_markdown(res))
@@ -86,9 +88,10 @@ def _summary_path(spec: str) -> Path:
 
 def _groups(a) -> int:
     summary_path = _summary_path(a.update_summary) if a.update_summary else None
+    set_threads(a.threads)
     res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.eval_windows,
-                        top_ks=[int(x) for x in a.top_k.split(",") if x], layers=[int(x) for x in a.layers.split(",")
-                                                                                 if x], compare=a.compare or None,
+                        top_ks=list(ints(a.top_k, "top_k")), layers=list(ints(a.layers, "layers")),
+                        compare=a.compare or None,
                         per_group=a.per_group, examples=a.examples, command=a.command_line)
     write_json(Path(a.out) / "groups.json", res)
     write_text(Path(a.out) / "groups.md", groups_markdown(res) + "\n")
@@ -112,10 +115,10 @@ def _groups(a) -> int:
 
 
 def register(sub) -> None:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     r = sub.add_parser("report", help="regenerate docs/RESULTS.md from the result JSON files", formatter_class=fmt)
     r.add_argument("--results", default="docs/results", help="folder with retrofit_*.json, bench.json, compare.json ...")
-    r.add_argument("--out", default="docs/RESULTS.md")
+    r.add_argument("--out", default="docs/RESULTS.md", help="the Markdown report to write")
     r.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run folders: write one HTML page instead (see --html)")
     r.add_argument("--html", default=None, help="HTML output for RUN_DIR... (default RUN_DIR/report.html)")
     r.set_defaults(func=_report)
@@ -134,23 +137,26 @@ def register(sub) -> None:
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",
                        formatter_class=fmt)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default="shakespeare")
-    p.add_argument("--out", default="runs/sinks")
-    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--model", default="smollm2-135m", help="alias (smollm2-135m), hub id, or local folder")
+    p.add_argument("--data", default="shakespeare", help="held-out text: the validation split of this corpus")
+    p.add_argument("--out", default="runs/sinks", help="folder for sinks.json, sinks.md and the plot")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per evaluation window (at most the model's "
+                   "positions)")
     add_eval_windows(p, 4)
     p.add_argument("--window", type=int, default=128, help="w, the Focus window of the fixed masks")
-    p.add_argument("--groups", type=int, default=8)
-    p.add_argument("--sink-tokens", type=int, default=1)
+    p.add_argument("--groups", type=int, default=8, help="K, random balanced groups of the grouped masks")
+    p.add_argument("--sink-tokens", type=int, default=1, help="first n tokens the '+ first n' masks keep visible")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's setting)")
     p.set_defaults(func=_sinks)
 
     p = sub.add_parser("groups", help="routing statistics of a saved adapter: dominance, pairs kept, tokens per group",
                        formatter_class=fmt)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--adapter", required=True, help="folder written by retrofit (OUT/adapter)")
-    p.add_argument("--data", default="shakespeare")
-    p.add_argument("--out", default="runs/groups")
-    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--model", default="smollm2-135m", help="alias (smollm2-135m), hub id, or local folder")
+    p.add_argument("--adapter", required=True,
+                   help="shipped adapter name, or a folder written by retrofit (OUT/adapter or OUT)")
+    p.add_argument("--data", default="shakespeare", help="held-out text: the validation split of this corpus")
+    p.add_argument("--out", default="runs/groups", help="folder for groups.json and groups.md")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per window (at most the model's positions)")
     add_eval_windows(p, 2)
     p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
     p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
@@ -159,6 +165,7 @@ def register(sub) -> None:
                    "token's group between the two")
     p.add_argument("--per-group", type=int, default=8, help="most frequent tokens listed per group")
     p.add_argument("--examples", type=int, default=3, help="examples in context per group")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's setting)")
     p.set_defaults(func=_groups)
 
     p = sub.add_parser("collapse", help="the collapse ablation: largest-group share vs step of retrofit runs (JSON "

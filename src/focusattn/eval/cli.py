@@ -1,7 +1,7 @@
 """``focusattn eval``: lm-evaluation-harness on the original and the Focus-composed model, side by side."""
 from __future__ import annotations
 
-import argparse
+from .._cli_common import HelpFormatter, set_threads
 
 
 def _eval(a) -> int:
@@ -11,7 +11,7 @@ def _eval(a) -> int:
 
     if not a.verbose:  # lm-eval logs a warning per task and per in-memory model; -v shows them
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
-
+    set_threads(a.threads)
     res = run_eval(a.model, a.tasks, a.out, adapter=a.adapter, top_k=a.top_k, limit=a.limit,
                    batch_size=a.batch_size, num_fewshot=a.num_fewshot, bootstrap_iters=a.bootstrap_iters,
                    seed=a.seed, command=a.command_line)
@@ -24,7 +24,7 @@ def _eval(a) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="lm-eval benchmarks: the original model vs Focus (soft, top-k), side by side",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="alias (smollm2-135m), hub id, or local folder")
     p.add_argument("--adapter", default=None,
                    help="Focus adapter folder (RUN/adapter, or a retrofit RUN folder), or a LoRA (peft) one from "
@@ -32,10 +32,12 @@ def register(sub) -> None:
     p.add_argument("--tasks", default="offline",
                    help="comma list: 'offline' (shipped, no network) or its tasks, or lm-eval hub task names")
     p.add_argument("--limit", default=None, help="documents per task (an integer, or a fraction < 1)")
-    p.add_argument("--top-k", default="soft,1,2", help="Focus modes to evaluate: comma list of 'soft' and k")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--top-k", default="soft,1,2", help="Focus modes to evaluate: comma list of 'soft' and k "
+                   "(1..K of the adapter)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward (lm-eval's batch size)")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples per prompt (default: the task's)")
     p.add_argument("--bootstrap-iters", type=int, default=1000, help="lm-eval bootstrap for non-mean stderrs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/eval")
+    p.add_argument("--seed", type=int, default=0, help="seed of lm-eval's sampling and few-shot choice")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's setting)")
+    p.add_argument("--out", default="runs/eval", help="folder for eval.json and eval.md")
     p.set_defaults(func=_eval)

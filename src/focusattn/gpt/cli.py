@@ -10,6 +10,7 @@ import shlex
 import sys
 from dataclasses import replace
 
+from .._cli_common import HelpFormatter
 from .._errors import cli_message
 from ..lazy.bench import run_lazy_bench
 from ..train import dist
@@ -96,9 +97,10 @@ def _bench_handler(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train-lm", help="train the from-scratch lab LM with a chosen attention")
-    p.add_argument("--attention", required=True, choices=ATTENTIONS)
-    p.add_argument("--seed", type=int, default=0)
+    p = subparsers.add_parser("train-lm", help="train the from-scratch lab LM with a chosen attention",
+                              formatter_class=HelpFormatter)
+    p.add_argument("--attention", required=True, choices=ATTENTIONS, help="the attention the model trains with")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation and data order")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--stop-at", type=int, default=None, help="checkpoint and stop after this step (resume later)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -109,24 +111,26 @@ def register(subparsers) -> None:
     _add_common(p)
     p.set_defaults(func=_train_handler)
 
-    p = subparsers.add_parser("compare", help="train several attentions x seeds at equal compute; table + plots")
+    p = subparsers.add_parser("compare", help="train several attentions x seeds at equal compute; table + plots",
+                              formatter_class=HelpFormatter)
     p.add_argument("--attention", default="standard,lazy,focus",
                    help=f"comma-separated, from: {','.join(ATTENTIONS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per attention")
     _add_common(p)
     p.set_defaults(func=_compare_handler)
 
-    p = subparsers.add_parser("bench-lazy", help="time the chunked Lazy kernel against causal SDPA")
-    p.add_argument("--T", type=int, default=4096)
-    p.add_argument("--B", type=int, default=1)
-    p.add_argument("--H", type=int, default=8)
-    p.add_argument("--D", type=int, default=64)
+    p = subparsers.add_parser("bench-lazy", help="time the chunked Lazy kernel against causal SDPA",
+                              formatter_class=HelpFormatter)
+    p.add_argument("--T", type=int, default=4096, help="sequence length")
+    p.add_argument("--B", type=int, default=1, help="batch size")
+    p.add_argument("--H", type=int, default=8, help="attention heads")
+    p.add_argument("--D", type=int, default=64, help="head dimension")
     p.add_argument("--W", type=int, default=1024, help="bias table width")
-    p.add_argument("--block", type=int, default=64)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--forward-only", action="store_true")
-    p.add_argument("--out", required=True)
+    p.add_argument("--block", type=int, default=64, help="query block of the chunked kernel")
+    p.add_argument("--reps", type=int, default=5, help="timed repeats (the median is reported)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's setting)")
+    p.add_argument("--forward-only", action="store_true", help="time the forward alone (default: forward + backward)")
+    p.add_argument("--out", required=True, help="folder for lazy_bench.json")
     p.set_defaults(func=_bench_handler)
 
 
