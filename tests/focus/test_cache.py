@@ -4,6 +4,7 @@ import torch
 
 import focusattn as fa
 from focusattn.hf import last_routing, routing_caches, update_config
+from focusattn.hf.kv import cache_kwargs, output_cache
 from tests.conftest import V, tiny_model
 
 
@@ -16,9 +17,9 @@ def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance):
         m(x)
         whole = [r.groups.clone() for r in last_routing(m)], [r.membership for r in last_routing(m)]
         out = m(x[:, :20], use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         for i in range(20, 40):  # one token at a time, past the first capacity doubling
-            cache = m(x[:, i:i + 1], past_key_values=cache, use_cache=True).past_key_values
+            cache = output_cache(m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True))
     for layer, r in enumerate(last_routing(m)):
         assert len(routing_caches(m)[layer]) == 40
         torch.testing.assert_close(r.groups, whole[0][layer])
@@ -51,9 +52,9 @@ def test_rebalanced_decode_after_padded_prefill_matches_its_prefill():
     with torch.no_grad():
         m(x, attention_mask=mask)
         whole = [r.groups.clone() for r in last_routing(m)]
-        cache = m(x[:, :18], attention_mask=mask[:, :18], use_cache=True).past_key_values
+        cache = output_cache(m(x[:, :18], attention_mask=mask[:, :18], use_cache=True))
         for i in range(18, 30):
-            cache = m(x[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=cache,
-                      use_cache=True).past_key_values
+            cache = output_cache(m(x[:, i:i + 1], attention_mask=mask[:, :i + 1], **cache_kwargs(m, cache),
+                                   use_cache=True))
     for layer, r in enumerate(last_routing(m)):
         torch.testing.assert_close(r.groups[:, 5:], whole[layer][:, 5:])

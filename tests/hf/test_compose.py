@@ -257,3 +257,57 @@ def test_original_attention_block_is_the_original_model():
     with pytest.raises(RuntimeError), original_attention(m):
         raise RuntimeError("boom")
     assert m.config._attn_implementation == "focus"
+
+
+def test_beam_search_and_assisted_generation_are_refused_before_any_forward():
+    """The routing cache follows a KV cache that only grows: generate's modes that reorder (beam search) or crop
+    (assisted generation) it raise a clear error instead of returning a silently wrong answer; unload lifts it."""
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, backend="dense"))
+    calls = []
+    hook = m.register_forward_pre_hook(lambda *a: calls.append(1))
+    x = _ids(b=1, t=12)
+    kw = dict(max_new_tokens=3, pad_token_id=0)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="routing cache does not follow beam-search reorders") as e:
+            m.generate(x, num_beams=3, do_sample=False, **kw)
+        assert "BEAM_SEARCH" in str(e.value).upper()
+        with pytest.raises(ValueError, match="Focus routers are attached"):
+            m.generate(x, num_beams=2, do_sample=True, **kw)
+        with pytest.raises(ValueError, match="Focus routers are attached"):
+            m.generate(x, prompt_lookup_num_tokens=2, do_sample=False, **kw)
+        assert calls == []  # refused before the first forward
+        assert m.generate(x, do_sample=False, **kw).shape == (1, 15)  # greedy still runs
+        hook.remove()
+        fa.unload(m)
+        assert "_supported_generation_modes" not in m.__dict__
+        assert m.generate(x, num_beams=3, do_sample=False, **kw).shape[0] == 1
+
+
+@pytest.mark.parametrize("top_k", [None, 1])
+def test_reordered_kv_cache_rows_are_refused(top_k):
+    """A loop that gathers the cache's rows itself (what beam search does) is caught at the next decode step; the
+    same batch decoded in order, and rows that are equal, are not."""
+    from transformers import DynamicCache
+
+    from focusattn.hf.kv import cache_kwargs
+
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, backend="dense"))
+    x = _ids(b=3, t=12)
+    nxt = torch.tensor([[5], [6], [7]])
+    with torch.no_grad():
+        for order, ok in (([0, 1, 2], True), ([1, 0, 2], False)):
+            cache = DynamicCache(config=m.config)
+            m(x, **cache_kwargs(m, cache), use_cache=True)
+            cache.reorder_cache(torch.tensor(order))
+            if ok:
+                m(nxt, **cache_kwargs(m, cache), use_cache=True)
+            else:
+                with pytest.raises(RuntimeError, match="batch rows were reordered"):
+                    m(nxt, **cache_kwargs(m, cache), use_cache=True)
+        same = x[:1].expand(3, -1)  # identical rows: any order is the same routing
+        cache = DynamicCache(config=m.config)
+        m(same, **cache_kwargs(m, cache), use_cache=True)
+        cache.reorder_cache(torch.tensor([2, 0, 1]))
+        m(nxt, **cache_kwargs(m, cache), use_cache=True)

@@ -65,6 +65,7 @@ class RoutingCache:
 
     def __init__(self):
         self._hidden: torch.Tensor | None = None
+        self._row_keys: torch.Tensor | None = None  # [B, Hkv * D], each row's last key: see follow_rows
         self.reset()
 
     # ------------------------------------------------------------------------------------------- host side
@@ -86,6 +87,25 @@ class RoutingCache:
         self._scores: _Rows | None = None  # router logits, kept for online rebalancing (cfg.rebalance)
         self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
         self._memo: dict = {}  # rebalancing boundary -> potentials
+
+    def follow_rows(self, key: torch.Tensor, tq: int) -> None:
+        """Refuse a decode step whose KV cache had its batch rows reordered since the last call (beam search, or any
+        loop that gathers cache rows): the cached routing belongs to the rows as they were and cannot follow.
+
+        ``key`` [B, Hkv, Tk, D] is the layer's keys for this call, the last ``tq`` of them new. Each row's last key
+        is remembered; at a decode step the row's key before the new ones must be nearer to that row's own record
+        than to any other row's (exact after a gather; tolerant of a cache that re-quantises keys). Batches of one
+        row cannot be reordered and cost nothing."""
+        b = key.shape[0]
+        prev = self._row_keys
+        self._row_keys = key[:, :, -1].detach().flatten(1).float().clone() if b > 1 else None
+        if prev is None or tq == key.shape[2] or prev.shape[0] != b:
+            return
+        dist = torch.cdist(key[:, :, -tq - 1].detach().flatten(1).float(), prev,  # [B now, B recorded]
+                           compute_mode="donot_use_mm_for_euclid_dist")  # exact: equal rows tie, never win
+        if bool((dist.min(dim=1).values < dist.diagonal()).any()):
+            raise RuntimeError("the KV cache's batch rows were reordered (beam search?): Focus routing does not "
+                               "follow reorders; generate with greedy search or sampling")
 
     # ------------------------------------------------------------------------------------------- routing
     def route(self, router: FocusRouter, h: torch.Tensor, tk: int, *, key_padding_mask: torch.Tensor | None = None,

@@ -57,6 +57,7 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     allowed = _allowed_from_mask(attention_mask, tq, tk, sliding, query.device)
     kpm, needs_mask = _key_padding(allowed, tk, sliding)
     # prefill (tq == tk; remembered for the decode steps unless building a graph) or a decode step appended to it
+    module.focus_cache.follow_rows(key, tq)
     call = module.focus_cache.route(router, h, tk, key_padding_mask=kpm if tq == tk else None,
                                     sliding_window=sliding, keep=not torch.is_grad_enabled())
     routing, index, cfg = call.routing, call.group_index, router.cfg

@@ -24,6 +24,29 @@ class FocusState:
     original_impl: str
     requires_grad: dict[str, bool]
     hooks: list = field(default_factory=list)
+    generation_modes: object = None  # the model's own ``_supported_generation_modes`` (restored by unload)
+
+
+_MISSING = object()
+
+
+class _GenerationModes(tuple):
+    """The ``generate`` modes whose KV cache only grows, which the routing cache follows token for token. Beam search
+    reorders the cache's rows and assisted generation (speculative, prompt lookup) crops it: the routing of cached
+    tokens would silently belong to other rows or rejected tokens. transformers reads the model's
+    ``_supported_generation_modes`` in ``generate`` before any forward and prints this in its error."""
+
+    def __str__(self) -> str:
+        return ("greedy search and sampling while Focus routers are attached (their routing cache does not follow "
+                "beam-search reorders or assisted-generation crops of the KV cache; focusattn.unload(model) first)")
+
+    __repr__ = __str__
+
+
+def _generation_modes() -> _GenerationModes:
+    from transformers.generation.configuration_utils import GenerationMode
+
+    return _GenerationModes((GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE))
 
 
 def _stash_hidden(module, args, kwargs):
@@ -79,6 +102,8 @@ def compose(model, cfg: FocusConfig | None = None):
         m.add_module(ROUTER, router)
         setattr(m, CACHE, RoutingCache())
         state.hooks.append(m.register_forward_pre_hook(_stash_hidden, with_kwargs=True))
+    state.generation_modes = model.__dict__.get("_supported_generation_modes", _MISSING)
+    model._supported_generation_modes = _generation_modes()  # beam search etc.: a clear error, not a wrong answer
     model._focus_state = state
     model.set_attn_implementation(attention_fn.NAME)
     return model
@@ -96,6 +121,10 @@ def unload(model):
     model.set_attn_implementation(state.original_impl)
     for n, p in model.named_parameters():
         p.requires_grad_(state.requires_grad.get(n, True))
+    if state.generation_modes is _MISSING:
+        model.__dict__.pop("_supported_generation_modes", None)
+    else:
+        model._supported_generation_modes = state.generation_modes
     del model._focus_state
     return model
 
