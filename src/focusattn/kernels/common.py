@@ -51,6 +51,18 @@ def group_bits(membership: torch.Tensor) -> torch.Tensor:
     return (m * weights).sum(-1)
 
 
+def has_sinks(sink) -> bool:
+    """Whether a kernel's ``sink`` argument (an int count or a key mask, see :func:`sink_key_mask`) names any key."""
+    return isinstance(sink, torch.Tensor) or sink > 0
+
+
+def sink_count(sink) -> int:
+    """The most sink keys of any row (an upper bound for sizing gathers)."""
+    if isinstance(sink, torch.Tensor):
+        return int(sink.sum(-1).max()) if sink.numel() else 0
+    return int(sink)
+
+
 def sink_positions(sink_keys: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's sink positions from a :func:`sink_key_mask` ``[B|1, Tk]``: ``(pos [B, n] long, ok [B, n] bool)``
     with ``n`` the most sinks of any row; a row with fewer (a sequence shorter than its sinks) pads with invalid
@@ -65,8 +77,12 @@ def sink_positions(sink_keys: torch.Tensor, batch: int) -> tuple[torch.Tensor, t
     return pos, ok
 
 
-def sink_key_mask(tk: int, n: int, key_padding_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
-    """Bool ``[B|1, Tk]``: the first ``n`` *real* tokens of each sequence (attention sinks), or None when ``n == 0``."""
+def sink_key_mask(tk: int, n, key_padding_mask: torch.Tensor | None = None, device=None) -> torch.Tensor | None:
+    """Bool ``[B|1, Tk]``: the keys every later query sees, or None when there are none. ``n``: the first ``n``
+    *real* tokens of each sequence (attention sinks), or a bool ``[B|1, Tk]`` mask of any keys (the first tokens
+    and the *global keys* a router chose by content, ``focus.router``), padding removed."""
+    if isinstance(n, torch.Tensor):
+        return n if key_padding_mask is None else n & key_padding_mask
     if n <= 0:
         return None
     if key_padding_mask is None:

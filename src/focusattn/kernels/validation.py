@@ -72,8 +72,13 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
         raise ValueError("membership: every token must belong to at least one group")
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
-    if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
-        raise ValueError(f"sink must be an int >= 0, got {sink!r}")
+    if isinstance(sink, torch.Tensor):
+        if sink.dtype != torch.bool or sink.dim() != 2 or sink.shape[0] not in (1, k.shape[0]) \
+                or sink.shape[1] != k.shape[2]:
+            raise ValueError(f"sink as a key mask must be bool [B|1, Tk] = [{k.shape[0]}, {k.shape[2]}], got "
+                             f"{sink.dtype} {tuple(sink.shape)}")
+    elif isinstance(sink, bool) or not isinstance(sink, int) or sink < 0:
+        raise ValueError(f"sink must be an int >= 0 or a bool key mask [B|1, Tk], got {sink!r}")
     if scale is not None and not 0 < scale < math.inf:
         raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
     if softcap is not None and not 0 < softcap < math.inf:
