@@ -93,11 +93,16 @@ def test_load_model_and_lab_run(saved, tmp_path):
     state = load_checkpoint(run)["trainable"]
     assert all(torch.equal(again.gpt.state_dict()[k], v) for k, v in state.items())
     assert json.loads((exported / "config.json").read_text())["model_type"] == "focusattn-lab-gpt"
-    # the run folder itself loads too (what `focusattn eval --model RUN` does)
+    # the run folder itself loads too (what `focusattn eval --model RUN` does), and with the Auto classes
     direct, tok = load_model(str(run))
+    auto = AutoModelForCausalLM.from_pretrained(run)
+    auto_tok = AutoTokenizer.from_pretrained(run)
+    assert isinstance(auto, LabGPTForCausalLM) and isinstance(auto_tok, LabByteTokenizer) and not auto.training
+    assert AutoModelForCausalLM.from_pretrained(run, dtype=torch.bfloat16).gpt.tok_emb.weight.dtype == torch.bfloat16
     x = tok("soft", return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(direct(x).logits, again(x).logits)
+        assert torch.equal(auto(auto_tok("soft", return_tensors="pt").input_ids).logits, again(x).logits)
 
 
 def test_focusattn_eval_loads_a_lab_model(saved, tmp_path):

@@ -9,6 +9,9 @@ from ..lazy.config import TAU_MODES
 from ..train.loop import TrainConfig as LoopConfig
 
 ATTENTIONS = ("standard", "lazy", "lazy-no-bias", "elastic-only", "focus", "sliding")
+# The Hugging Face model type of the lab GPT (hf/lab_model.py registers it): a run folder's config.json names it, so
+# transformers' Auto classes recognise the folder.
+HF_MODEL_TYPE = "focusattn-lab-gpt"
 # RoPE base per variant when ModelConfig.rope_base is None. The Lazy variants use the "larger base" the paper asks for
 # (see LazyConfig.rope_base); elastic-only keeps the standard base, so lazy-no-bias vs elastic-only isolates the base.
 DEFAULT_ROPE_BASE = {"standard": 10000.0, "sliding": 10000.0, "focus": 10000.0, "elastic-only": 10000.0,

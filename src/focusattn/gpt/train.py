@@ -21,7 +21,7 @@ from ..lazy.metrics import attention_report
 from ..train import dist
 from ..train.checkpoint import has_checkpoint, load_checkpoint
 from ..train.loop import adamw, train_loop
-from .config import ModelConfig, TrainConfig, model_config_from_dict
+from .config import HF_MODEL_TYPE, ModelConfig, TrainConfig, model_config_from_dict
 from .data import LMData, load_data
 from .tasks import IGNORE
 from .model import GPT
@@ -130,7 +130,8 @@ def train_lm(cfg: ModelConfig, tcfg: TrainConfig, *, data="shakespeare", seed: i
     elif main:
         out.mkdir(parents=True, exist_ok=True)
     if main:
-        _io.write_json(out / "config.json", {**run_cfg, "distributed": layout})
+        # model_type: the folder loads with transformers' Auto classes too (hf/lab_model.py)
+        _io.write_json(out / "config.json", {**run_cfg, "distributed": layout, "model_type": HF_MODEL_TYPE})
 
     def next_batch(step: int, micro: int):
         return data.batch(seed, step * tcfg.grad_accum + micro, tcfg.batch_size, cfg.block_size, rank=dist.rank(),

@@ -7,7 +7,12 @@ converted model computes exactly what the lab trained. No KV cache: ``generate``
 lab's models are small and short). The byte tokenizer matches ``gpt/tokenizer.py``: ids 0..255 are the UTF-8 bytes,
 256 is BOS, which starts every sequence as in training (it doubles as EOS and padding: the lab has neither).
 
-Importing this module registers the classes; :func:`focusattn.hf.loading.load_model` does so before loading.
+Importing this module registers the classes; :func:`focusattn.hf.loading.load_model` does so before loading. A
+``train-lm`` / ``compare`` run folder is itself an Auto-class folder: its ``config.json`` (the run's record) names
+this model type, and ``from_pretrained`` on it reads the run's verified checkpoint::
+
+    import focusattn.hf.lab_model  # registers the lab model type
+    model = AutoModelForCausalLM.from_pretrained("runs/lab/standard")
 """
 from __future__ import annotations
 
@@ -21,22 +26,25 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
 from transformers.modeling_outputs import CausalLMOutput
 
 from .._errors import InputError
-from ..gpt.config import ModelConfig, model_config_from_dict
+from ..gpt.config import HF_MODEL_TYPE, ModelConfig, model_config_from_dict
 from ..gpt.model import GPT
 from ..gpt.tokenizer import BOS, VOCAB_SIZE
 from ..lazy.bias import DistanceBias
 from ..lazy.rope import RotaryEmbedding
 
-MODEL_TYPE = "focusattn-lab-gpt"
+MODEL_TYPE = HF_MODEL_TYPE
 BOS_TOKEN = "<|bos|>"
 
 
 class LabGPTConfig(PretrainedConfig):
-    """``lab``: the lab's ``ModelConfig`` as a dict (validated when the model is built)."""
+    """``lab``: the lab's ``ModelConfig`` as a dict (validated when the model is built). A run folder's record
+    (``config.json`` of ``train-lm``) has it as ``model``, beside its training settings (kept as attributes)."""
 
     model_type = MODEL_TYPE
 
     def __init__(self, lab: dict | None = None, **kwargs):
+        if lab is None and isinstance(kwargs.get("model"), dict):  # a run record
+            lab = kwargs["model"]
         self.lab = dict(lab) if lab is not None else ModelConfig().to_dict()
         mc = model_config_from_dict(self.lab)
         self.vocab_size = mc.vocab_size
@@ -101,6 +109,16 @@ class LabGPTForCausalLM(PreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
         return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """A lab run folder loads from its verified checkpoint (what ``AutoModelForCausalLM.from_pretrained`` on
+        the folder calls); anything else, e.g. a folder written by ``save_pretrained``, as transformers does."""
+        if isinstance(pretrained_model_name_or_path, (str, Path)) and is_lab_run(pretrained_model_name_or_path):
+            model = cls.from_lab(pretrained_model_name_or_path)
+            dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+            return model.to(dtype) if isinstance(dtype, torch.dtype) else model
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     @classmethod
     def from_lab(cls, run_dir: str | Path) -> "LabGPTForCausalLM":
@@ -184,7 +202,8 @@ def is_lab_run(path: str | Path) -> bool:
         cfg = json.loads((d / "config.json").read_text())
     except ValueError:
         return False
-    return isinstance(cfg, dict) and "model" in cfg and "train" in cfg and "model_type" not in cfg
+    return (isinstance(cfg, dict) and "model" in cfg and "train" in cfg
+            and cfg.get("model_type", MODEL_TYPE) == MODEL_TYPE)  # runs before the Auto-class record had none
 
 
 def export_lab_run(run_dir: str | Path, out_dir: str | Path) -> Path:
