@@ -96,7 +96,19 @@ def test_shipped_adapter_top_k_above_its_groups(capsys, tmp_path):
 
 
 def test_model_positions_read_from_the_config(setup, tmp_path):
+    import json
+
+    import transformers as tr
+
+    from focusattn.gpt.config import get_preset
+
     assert model_positions(setup["model"]) == 256
+    tr.GPT2Config(n_positions=96).save_pretrained(tmp_path / "gpt2")  # GPT-2 says n_positions
+    assert model_positions(str(tmp_path / "gpt2")) == 96
+    mcfg, tcfg = get_preset("tiny", "standard")
+    (tmp_path / "run").mkdir()  # a lab run's record: its RoPE cache bounds the positions
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"model": mcfg.to_dict(), "train": tcfg.to_dict()}))
+    assert model_positions(str(tmp_path / "run")) == mcfg.seq_cache
     with pytest.raises(InputError, match="no such file"):
         model_positions(str(tmp_path / "missing"))
 

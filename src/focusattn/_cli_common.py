@@ -79,17 +79,17 @@ def model_positions(spec: str) -> int | None:
         raw = json.loads(cfg_file.read_text())
     except (OSError, ValueError):
         return None
-    if isinstance(raw, dict) and isinstance(raw.get("model"), dict) and "model_type" not in raw:  # a lab run
-        return raw["model"].get("seq_cache")
-    from transformers import AutoConfig
-
-    from .hf import lab_model  # noqa: F401  (registers the lab's model type: an exported lab model's config)
-
-    try:
-        cfg = AutoConfig.from_pretrained(str(path))
-    except (OSError, ValueError):
+    if not isinstance(raw, dict):
         return None
-    return getattr(cfg, "max_position_embeddings", None)
+    if isinstance(raw.get("model"), dict) and "train" in raw:  # a lab run's record
+        from .gpt.config import model_config_from_dict
+
+        return model_config_from_dict(raw["model"]).seq_cache  # what LabGPTConfig calls its positions
+    # the JSON itself, not AutoConfig: importing transformers' model classes costs seconds (GPT-2 says n_positions)
+    for key in ("max_position_embeddings", "n_positions"):
+        if isinstance(raw.get(key), int):
+            return raw[key]
+    return None
 
 
 def check_lengths(lengths, param: str, positions: int | None) -> tuple[int, ...]:
