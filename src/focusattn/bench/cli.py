@@ -58,6 +58,47 @@ def register(subparsers) -> None:
     m.add_argument("--out", required=True)
     m.set_defaults(func=_model_handler)
 
+    d = subparsers.add_parser("bench-dispatch", help="measure the break-evens backend='auto' reads (masked vs "
+                              "decomposed prefill, masked pass vs gathered decode; writes dispatch_bench.json)")
+    d.add_argument("--out", required=True, help="output directory for dispatch_bench.json and dispatch.json")
+    d.add_argument("--lengths", nargs="+", default=["256", "512", "768", "1024", "1536", "2048", "3072", "4096"],
+                   help="prefill lengths")
+    d.add_argument("--decode-lengths", nargs="+", default=["256", "512", "1024", "2048", "4096", "8192"])
+    d.add_argument("--top-k", nargs="+", default=["1", "2", "3"], help="prefill top-k")
+    d.add_argument("--decode-top-k", nargs="+", default=["1", "2"])
+    d.add_argument("--groups", type=int, default=8)
+    d.add_argument("--window", type=int, default=128)
+    d.add_argument("--sink", type=int, default=1)
+    d.add_argument("--heads", type=int, default=9)
+    d.add_argument("--kv-heads", type=int, default=3)
+    d.add_argument("--head-dim", type=int, default=64)
+    d.add_argument("--routing-file", default=None,
+                   help="captured routing (default: random balanced), e.g. "
+                        "docs/results/data/routing-smollm2-135m-focus-k8.safetensors")
+    d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--decode-steps", type=int, default=30)
+    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--install", action="store_true",
+                   help="write the thresholds into the packaged kernels/dispatch.json (else point "
+                        "FOCUSATTN_DISPATCH_FILE at OUT/dispatch.json)")
+    d.set_defaults(func=_dispatch_handler)
+
+
+def _dispatch_handler(args) -> int:
+    from .dispatch import render_dispatch_markdown, run_dispatch_bench
+
+    doc = run_dispatch_bench(args.out, prefill_lengths=_ints(args.lengths), decode_lengths=_ints(args.decode_lengths),
+                             top_ks=_ints(args.top_k), decode_top_ks=_ints(args.decode_top_k), groups=args.groups,
+                             window=args.window, sink=args.sink, heads=args.heads, kv_heads=args.kv_heads,
+                             head_dim=args.head_dim, routing_file=args.routing_file, repeats=args.repeats,
+                             decode_steps=args.decode_steps, threads=args.threads, install=args.install,
+                             command=getattr(args, "command_line", None))
+    print(render_dispatch_markdown(doc))
+    where = "the packaged kernels/dispatch.json" if args.install else \
+        f"{args.out}/dispatch.json (use it: FOCUSATTN_DISPATCH_FILE={args.out}/dispatch.json)"
+    print(f"wrote {args.out}/dispatch_bench.json; thresholds in {where}")
+    return 0
+
 
 def _model_handler(args) -> int:
     from .model import run_model_bench

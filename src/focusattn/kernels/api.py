@@ -33,7 +33,7 @@ import torch
 
 from .backends import check_backend
 from .decode import focus_decode_attention
-from .common import default_scale, sink_key_mask
+from .common import default_scale, has_sinks, sink_key_mask
 from .dispatch import PICKS, choose, dense_branch
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
@@ -68,7 +68,7 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
     if auto:  # the exact engine fastest for this call's shape (kernels/dispatch.py)
         branch = choose(q, k, membership, window, softcap=softcap, group_index=group_index)
         PICKS[branch] += 1
-        if branch in ("causal", "masked"):
+        if branch in ("causal", "masked", "decode-masked"):
             out, lse = dense_branch(q, k, v, membership, window, sink=sink, scale=default_scale(q.shape[-1], scale),
                                     key_padding_mask=key_padding_mask, causal_only=branch == "causal")
             return (out, lse) if return_lse else out
@@ -76,17 +76,16 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True, **kw)
         return (out, acc(lse)) if return_lse else out
     if backend == "flex":
-        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or sink > 0, validate=False,
-                                   **kw)
-        out, lse = res if (return_lse or sink > 0) else (res, None)
+        res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or has_sinks(sink),
+                                   validate=False, **kw)
+        out, lse = res if (return_lse or has_sinks(sink)) else (res, None)
     elif q.shape[2] < k.shape[2]:  # the sinks join each query's gathered keys: no separate part to merge
         out, lse = focus_decode_attention(q, k, v, membership, window, sink=sink, return_lse=True,
-                                          group_index=group_index, validate=False, masked=branch == "decode-masked",
-                                          **kw)
+                                          group_index=group_index, validate=False, **kw)
         return (out, lse) if return_lse else out
     else:
         out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)
-    if sink > 0:
+    if has_sinks(sink):
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         if not needs_grad and out.dtype == lse.dtype == acc_dtype(q.dtype):
             # inference: in place into the kernel's own fresh buffers, in row chunks, so no output-sized sink

@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from .common import apply_softcap, default_scale, in_window, sink_key_mask, sink_positions
+from .common import apply_softcap, default_scale, in_window, sink_count, sink_key_mask, sink_positions
 from .lse import acc, acc_dtype, finite_or_zero
 from .validation import empty_focus_result, validate_focus_inputs
 
@@ -178,7 +178,7 @@ def _masked_pass(q, k, v, allowed, scale, softcap):
 
 
 def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
-                           return_lse=False, group_index=None, validate=True, masked=False):
+                           return_lse=False, group_index=None, validate=True):
     """Exact Focus attention for queries aligned to the end of the keys: per-query key gathering, or one masked pass
     when the lists are long (see the module docstring).
 
@@ -188,9 +188,7 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     they join the gathered lists, so a decode step makes one pass, not a sparse part plus a sink part and a merge.
     ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
     is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan. ``validate=False``
-    skips the input checks of :mod:`.validation` (``focus_attention`` has done them). ``masked=True`` takes the
-    masked pass whatever the lists' length (``backend="auto"`` on a cache below the gather break-even, see
-    :mod:`.dispatch`; float32/float64 only, other dtypes gather).
+    skips the input checks of :mod:`.validation` (``focus_attention`` has done them).
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
@@ -204,6 +202,7 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     g = hq // hkv
     scale = default_scale(d, scale)
     sinks = sink_key_mask(tk, sink, key_padding_mask, q.device)
+    n_sink = sink_count(sink)
     outs, lses = [], []
     # An upper bound on any query's list (window + its groups' sizes + sinks) sizes the query chunks, so memory stays
     # bounded, and picks the engine: a list holding a large share of the cache (top-2 of 8 keeps about half the
@@ -214,10 +213,10 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         listed = int((mq.long() * group_index.counts[:, None, :]).sum(-1).max())
         if listed >= tk:  # no shorter than a scan (dense top-k, e.g. top-2 of 4): scan instead
             group_index = None
-        longest = min(tk, window + 1 + listed + sink)
+        longest = min(tk, window + 1 + listed + n_sink)
     else:  # one query (a decode step) is one chunk whatever its list: no bound to compute
         longest = tk if tq == 1 else min(tk, window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
-                                         + sink)
+                                         + n_sink)
     can_mask = k.dtype == acc_dtype(k.dtype)  # the masked pass reads K/V as they are: no whole-cache conversion
     step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * longest * 2, bsz * hq * tk))
     # rows of [B * Hkv * Tk, D]: gather = row copies, converted to the accumulation dtype after gathering
@@ -229,10 +228,10 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         allowed = None
         if group_index is None:  # a scan: the allowed rows first, then whichever engine their count calls for
             allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
-            if not (can_mask and (masked or _long(int(allowed.sum(-1).max()), tk))):
+            if not (can_mask and _long(int(allowed.sum(-1).max()), tk)):
                 idx, valid = _compact(allowed)
                 allowed = None
-        elif can_mask and (masked or _long(longest, tk)):
+        elif can_mask and _long(longest, tk):
             allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
         else:
             idx, valid = group_index.key_indices(qpos, window, key_padding_mask)

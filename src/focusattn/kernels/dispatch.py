@@ -8,8 +8,8 @@ Every branch computes the same mask (:func:`.reference.focus_allowed`); they dif
 * ``masked`` — a prefill shorter than the measured break-even for its top-k: one fused call with the Focus mask as
   an explicit boolean mask, in row chunks that skip the keys after each chunk (~0.56 of the dense square at 8 chunks).
 * ``decomposed`` — a prefill at or above the break-even: the sub-quadratic engine (:mod:`.decomposed`).
-* ``decode-masked`` — a decode step (``Tq < Tk``) over a cache shorter than the measured gather break-even: one
-  masked pass over every key (:func:`.decode._masked_pass`).
+* ``decode-masked`` — a decode step (``Tq < Tk``) over a cache shorter than the measured gather break-even: the
+  same fused call with the step's mask (one row per query: shares a group, window, sinks, padding).
 * ``gather`` — a longer decode step: the window, group and sink keys gathered (:mod:`.decode`; lists longer than
   ``decode.DENSE_DECODE_FRACTION`` of the cache still take the masked pass).
 
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from .backends import FUSED_DTYPES, cpu_flash_available, cuda_fused_available
-from .common import in_window, relative_distance, sink_key_mask
+from .common import has_sinks, in_window, relative_distance, sink_key_mask
 from .decomposed.fused import fused_bwd, fused_fwd
-from .lse import acc_dtype, mark_empty
+from .lse import mark_empty
 
 PREFILL_BRANCHES = ("causal", "masked", "decomposed")
 DECODE_BRANCHES = ("causal", "decode-masked", "gather")
@@ -134,7 +134,7 @@ def choose(q, k, membership, window, *, softcap=None, group_index=None) -> str:
         if fused and tk < be.prefill_min(int(membership.sum(-1).max())):
             return "masked"
         return "decomposed"
-    if k.dtype != acc_dtype(k.dtype):  # the masked pass reads K/V as they are (see decode._masked_pass)
+    if not fused:
         return "gather"
     top = group_index.max_groups if group_index is not None else int(membership[:, tk - tq:].sum(-1).max())
     return "decode-masked" if tk < be.decode_min(top) else "gather"
@@ -148,10 +148,22 @@ def _local_and_causal(tq: int, tk: int, window: int, device: torch.device):
     return in_window(dist, window), dist >= 0
 
 
-def _chunk_mask(membership, window, r0, r1, tq, tk, sinks, kpm, rows_only_causal):
+def _chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, rows_only_causal):
     """Bool ``[B, 1, r1 - r0, e]`` of the Focus mask for query rows ``r0:r1`` against keys ``:e`` (the keys up to
     the chunk's last query); ``rows_only_causal``: the causal (+ padding) mask alone."""
     e = tk - tq + r1
+    if tq == 1 and not rows_only_causal:  # a decode step: one row, built by slices (no [Tq, Tk] tables)
+        m = membership.to(torch.float32)
+        allowed = torch.matmul(m, m[:, -1:].transpose(1, 2))[..., 0] > 0  # shares a group with the query
+        allowed[:, max(0, tk - 1 - window):] = True
+        if kpm is None and not isinstance(sink, torch.Tensor):
+            allowed[:, :sink] = True  # the sinks: the first keys
+        else:  # a key mask (global keys) or padding
+            if has_sinks(sink):
+                allowed.logical_or_(sink_key_mask(tk, sink, kpm, membership.device))
+            if kpm is not None:
+                allowed.logical_and_(kpm)
+        return allowed[:, None, None]
     local, causal = _local_and_causal(tq, tk, window, membership.device)
     if rows_only_causal:
         allowed = causal[None, r0:r1, :e]
@@ -159,8 +171,8 @@ def _chunk_mask(membership, window, r0, r1, tq, tk, sinks, kpm, rows_only_causal
         m = membership.to(torch.float32)
         shared = torch.matmul(m[:, tk - tq + r0:tk - tq + r1], m[:, :e].transpose(1, 2)) > 0  # BLAS, not K loops
         allowed = shared.logical_or_(local[None, r0:r1, :e])
-        if sinks is not None:
-            allowed.logical_or_(sinks[:, None, :e])
+        if has_sinks(sink):
+            allowed.logical_or_(sink_key_mask(tk, sink, kpm, membership.device)[:, None, :e])
         allowed.logical_and_(causal[None, r0:r1, :e])
     if kpm is not None:
         allowed = allowed & kpm[:, None, :e]
@@ -231,15 +243,14 @@ def dense_branch(q, k, v, membership, window, *, sink=0, scale, key_padding_mask
     kpm = key_padding_mask
     needs_mask = not causal_only or kpm is not None or (tq != tk and tq > 1)
     chunks = _chunks(tq, tk, needs_mask and not causal_only)
-    sinks = None if causal_only else sink_key_mask(tk, sink, kpm, q.device)
-    masks = [_chunk_mask(membership, window, r0, r1, tq, tk, sinks, kpm, causal_only) if needs_mask else None
+    masks = [_chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, causal_only) if needs_mask else None
              for r0, r1 in chunks]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         out, lse = _Dense.apply(q, k, v, masks, chunks, scale, tk)
     else:
         out, lse = _dense_forward(q, k, v, masks, chunks, scale, tk)
-    if needs_mask:  # the op reports LSE 0 for a row with no allowed key
+    if kpm is not None:  # the op reports LSE 0 for a row with no allowed key (only padding leaves a row empty)
         has = torch.cat([m.any(-1) for m in masks], 2) if len(masks) > 1 else masks[0].any(-1)  # [B, 1, Tq]
         if not bool(has.all()):
             lse = mark_empty(lse, has)

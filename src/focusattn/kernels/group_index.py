@@ -11,7 +11,8 @@ plus the window ``[p - w, p]``:
   of the *lowest* shared group (one membership lookup per candidate and lower group), so each key is counted once.
 
 Building costs one ``nonzero`` over the prefill membership (sorted by group for free); ``append`` of ``t`` tokens
-costs ``O(t * K)`` plus amortised regrowth. Memory: ``B * K * cap`` int32 with ``cap`` the next power of two >= the
+costs ``O(t * K)`` (the membership rows and the counts; the position lists catch up in one batch when they are next
+read, so steps that never gather never write them) plus amortised regrowth. Memory: ``B * K * cap`` int32 with ``cap`` the next power of two >= the
 largest group, i.e. ``4 * B * T * k`` bytes (up to twice that) for balanced top-k groups and at worst
 ``4 * B * T * K`` if one group takes every token, plus the ``B * T * K`` bytes of membership.
 """
@@ -61,6 +62,7 @@ class GroupIndex:
         self._memb = torch.zeros(b, _pow2_at_least(t), k, dtype=torch.bool, device=dev)
         self._memb[:, :t] = membership
         self._len = t
+        self._listed, self._listed_len = self.counts, t  # the lists hold every token so far (see _sync)
         self._note_groups(membership)
 
     # ------------------------------------------------------------------------------------------- state
@@ -80,6 +82,7 @@ class GroupIndex:
     def group_lists(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(positions [B, K, L] int32, counts [B, K])``: list ``(b, g)`` is ``positions[b, g, :counts[b, g]]``,
         ascending, padded with ``INT32_MAX``; ``L`` = the longest list."""
+        self._sync()
         return self._pos[:, :, :int(self.counts.max())], self.counts
 
     def _note_groups(self, membership: torch.Tensor, reset: bool = True) -> None:
@@ -113,29 +116,41 @@ class GroupIndex:
             memb[:, :self._len] = self.membership
             self._memb = memb
         self._memb[:, self._len:self._len + t] = membership_new
-        mt = membership_new.transpose(1, 2)  # [B, K, t]
-        self._bound += t
-        if self._bound > self._cap:  # only now is the true maximum needed (one sync per regrowth, not per step)
-            self._bound = int((self.counts + mt.sum(-1)).max())
-            if self._bound > self._cap:
-                self._grow_lists(self._bound)
-        slot = self.counts[..., None] + mt.long().cumsum(-1) - 1
-        slot = torch.where(mt, slot, self._cap)  # non-members write into the dump column
-        newpos = torch.arange(self._len, self._len + t, dtype=torch.int32, device=self.device).expand(b, k, t)
-        self._pos.scatter_(2, slot, newpos)
-        self._pos[:, :, self._cap] = _PAD
-        self.counts = self.counts + mt.sum(-1)
+        self.counts = self.counts + membership_new.sum(1)
         self._len += t
         self._note_groups(membership_new, reset=False)
         return self
+
+    def _sync(self) -> None:
+        """Write the positions of the tokens appended since the lists were last read, in one batch: a decode step
+        that does not gather (``backend="auto"`` below the gather break-even, :mod:`.dispatch`) pays only for the
+        membership row and the counts, and the lists catch up when a step reads them."""
+        t = self._len - self._listed_len
+        if t == 0:
+            return
+        b, k = self.counts.shape
+        mt = self._memb[:, self._listed_len:self._len].transpose(1, 2)  # [B, K, t]
+        self._bound += t
+        if self._bound > self._cap:  # only now is the true maximum needed (one sync per regrowth, not per step)
+            self._bound = int(self.counts.max())
+            if self._bound > self._cap:
+                self._grow_lists(self._bound)
+        slot = self._listed[..., None] + mt.long().cumsum(-1) - 1
+        slot = torch.where(mt, slot, self._cap)  # non-members write into the dump column
+        newpos = torch.arange(self._listed_len, self._len, dtype=torch.int32, device=self.device).expand(b, k, t)
+        self._pos.scatter_(2, slot, newpos)
+        self._pos[:, :, self._cap] = _PAD
+        self._listed, self._listed_len = self.counts, self._len
 
     def crop(self, n: int) -> "GroupIndex":
         """Keep the first ``n`` tokens (``O(B * K * cap)``: for rare rollbacks, not per step); returns ``self``."""
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self._len:
             raise ValueError(f"crop length must be an int in [0, {self._len}], got {n!r}")
+        self._sync()
         keep = self._pos < n
         self._pos.masked_fill_(~keep, _PAD)
-        self.counts = keep[:, :, :self._cap].sum(-1)
+        self.counts = self._listed = keep[:, :, :self._cap].sum(-1)
+        self._listed_len = n
         self._memb[:, n:self._len] = False
         self._len = n
         self._bound = int(self.counts.max())
@@ -146,6 +161,8 @@ class GroupIndex:
         """Keep batch rows ``batch_idx`` (long ``[B']``, repeats allowed), as beam search reorders its KV cache;
         ``O(B' * (K * cap + T * K))`` copies, far less than the cache's own reorder. Returns ``self``."""
         batch_idx = batch_idx.to(self.device)
+        self._sync()
+        self._listed = self._listed[batch_idx]
         self._pos, self.counts, self._memb = self._pos[batch_idx], self.counts[batch_idx], self._memb[batch_idx]
         self._note_groups(self.membership)
         return self
@@ -156,6 +173,7 @@ class GroupIndex:
         valid [B, C, L] bool)``, window keys first, then each shared group's keys; every allowed key appears exactly
         once among the valid entries (invalid entries point at key 0). Work ``O(C * (w + sum of the query's group
         sizes) * k)``, independent of the other groups."""
+        self._sync()
         b, k = self.counts.shape
         dev = self.device
         qpos = qpos.to(dev)
