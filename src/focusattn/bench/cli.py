@@ -52,6 +52,8 @@ def register(subparsers) -> None:
     m.add_argument("--top-k", nargs="+", default=["1", "2"])
     m.add_argument("--repeats", type=int, default=2)
     m.add_argument("--decode-tokens", type=int, default=8, help="decode steps timed per repeat")
+    m.add_argument("--decode-lengths", nargs="+", default=[],
+                   help="further contexts timed for the decode step only (one prefill per variant, no repeats)")
     m.add_argument("--threads", type=int, default=None)
     m.add_argument("--rebalance", type=int, default=None,
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
@@ -107,7 +109,7 @@ def _model_handler(args) -> int:
     doc = run_model_bench(args.out, model=args.model, adapter=args.adapter, lengths=_ints(args.lengths),
                           top_ks=_ints(args.top_k), data=args.data, repeats=args.repeats,
                           decode_tokens=args.decode_tokens, threads=args.threads, rebalance=args.rebalance,
-                          command=getattr(args, "command_line", None))
+                          command=getattr(args, "command_line", None), decode_lengths=_ints(args.decode_lengths))
     print(render_model_markdown(doc))
     print(f"wrote {args.out}/model_bench.json and {args.out}/model_bench.png")
     return 0

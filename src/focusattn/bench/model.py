@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .._io import write_json
+from ..kernels.dispatch import PICKS
 from ..analysis.balance import routing_stats
 from .common import random_membership
 from .memory import PeakRSS
@@ -63,6 +64,7 @@ def _install_clock(model, name: str, fn) -> _AttentionClock:
 @torch.no_grad()
 def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=None):
     clock.seconds = 0.0
+    before = dict(PICKS)
     t0, c0 = time.perf_counter(), time.process_time()
     if probe is not None:
         out, peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
@@ -70,6 +72,7 @@ def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=
         out, peak = model(x, use_cache=True, logits_to_keep=1), None
     prefill, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
     attn = clock.seconds
+    prefill_picks, before = _picked(before), dict(PICKS)
     cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
     steps, attn_steps, cpu_steps = [], [], []
     for _ in range(decode_tokens):
@@ -84,7 +87,13 @@ def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=
     # process CPU time beside wall time: unaffected by other jobs on a shared machine (with one thread it is the
     # time the work took; with several it is their sum)
     return {"prefill_s": prefill, "attention_s": attn, "decode_s": med(steps), "decode_attention_s": med(attn_steps),
-            "peak_bytes": peak, "prefill_cpu_s": prefill_cpu, "decode_cpu_s": med(cpu_steps)}
+            "peak_bytes": peak, "prefill_cpu_s": prefill_cpu, "decode_cpu_s": med(cpu_steps),
+            "prefill_branches": prefill_picks, "decode_branches": _picked(before)}
+
+
+def _picked(before: dict) -> dict:
+    """The ``backend="auto"`` branches taken since ``before`` (a copy of ``kernels.dispatch.PICKS``)."""
+    return {b: n - before.get(b, 0) for b, n in PICKS.items() if n != before.get(b, 0)}
 
 
 @torch.no_grad()
@@ -115,8 +124,12 @@ def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
 def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
                     data: str = "shakespeare", repeats: int = 2, decode_tokens: int = 8, kernel_repeats: int = 1,
                     threads: int | None = None, rebalance: int | None = None, command: str | None = None,
-                    progress: bool = True) -> dict:
-    """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing."""
+                    progress: bool = True, decode_lengths=()) -> dict:
+    """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing.
+
+    ``decode_lengths``: further contexts measured for the decode step only (one prefill per variant builds the
+    cache; rows marked ``decode_only``, no routing or kernel statistics): a long prefill repeated per variant costs
+    minutes on a CPU, the step after it milliseconds."""
     from tqdm.auto import tqdm
 
     from ..data.corpora import load_corpus
@@ -125,11 +138,14 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
     from ..hf.attention_fn import focus_attention_forward
     from ..hf.pair import load_pair
 
-    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance)
-    base, focus, tok, lengths = pair.base, pair.focus, pair.tokenizer, pair.lengths
+    decode_only = sorted(set(int(t) for t in decode_lengths) - set(int(t) for t in lengths))
+    pair = load_pair(model, adapter, lengths=[*lengths, *decode_only], top_ks=top_ks, threads=threads,
+                     rebalance=rebalance)
+    base, focus, tok = pair.base, pair.focus, pair.tokenizer
+    lengths = sorted(set(int(t) for t in lengths))
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)
-    if len(val) < lengths[-1]:
-        raise ValueError(f"{data} validation split has {len(val)} tokens, fewer than length {lengths[-1]}")
+    if len(val) < pair.lengths[-1]:
+        raise ValueError(f"{data} validation split has {len(val)} tokens, fewer than length {pair.lengths[-1]}")
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     base_clock = _install_clock(base, "sdpa-timed", sdpa_attention_forward)
@@ -142,17 +158,18 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         if k is not None:
             set_top_k(m, k)
         _prefill_decode(m, warm, 1, clock)
-    for t in lengths:
+    for t in [*lengths, *decode_only]:
+        only = t in decode_only
         x = torch.as_tensor(val[:t][None].astype("int64"))
         runs = {name: [] for name, *_ in variants}
         routing, kernel = {}, {}
-        bar = tqdm(range(repeats), desc=f"bench-model T={t}", disable=not progress)
+        bar = tqdm(range(1 if only else repeats), desc=f"bench-model T={t}", disable=not progress)
         for rep in bar:
             for name, m, clock, k in variants:
                 if k is not None:
                     set_top_k(m, k)
                 runs[name].append(_prefill_decode(m, x, decode_tokens, clock, probe if rep == 0 else None))
-                if rep == 0 and k is not None:
+                if rep == 0 and k is not None and not only:
                     set_top_k(m, k)  # a fresh prefill leaves the learned routing of exactly T tokens
                     with torch.no_grad():
                         m(x, use_cache=True, logits_to_keep=1)
@@ -160,7 +177,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
                     kernel[name] = _kernel_real_vs_random(m, t, kernel_repeats)
         base_row = _summarise(runs["original"])
         for name, *_ in variants:
-            row = {"T": t, "variant": name, **_summarise(runs[name])}
+            row = {"T": t, "variant": name, **_summarise(runs[name]), **({"decode_only": True} if only else {})}
             row["prefill_speedup"] = base_row["prefill_s"] / row["prefill_s"]
             row["decode_speedup"] = (base_row["decode_s"] / row["decode_s"]) if row["decode_s"] else None
             row["attention_speedup"] = base_row["attention_s"] / row["attention_s"] if row["attention_s"] else None
@@ -185,7 +202,8 @@ def _summarise(runs: list[dict]) -> dict:
     med = lambda key: statistics.median(r[key] for r in runs) if runs[0][key] is not None else None  # noqa: E731
     row = {"prefill_s": med("prefill_s"), "attention_s": med("attention_s"), "decode_s": med("decode_s"),
            "attention_share": med("attention_s") / med("prefill_s"), "peak_bytes": runs[0]["peak_bytes"],
-           "prefill_cpu_s": med("prefill_cpu_s"), "decode_cpu_s": med("decode_cpu_s")}
+           "prefill_cpu_s": med("prefill_cpu_s"), "decode_cpu_s": med("decode_cpu_s"),
+           "prefill_branches": runs[0].get("prefill_branches"), "decode_branches": runs[0].get("decode_branches")}
     if runs[0].get("decode_attention_s") is not None:  # the most a faster attention can win per decode step
         row["decode_attention_s"] = med("decode_attention_s")
         row["decode_attention_share"] = row["decode_attention_s"] / row["decode_s"]

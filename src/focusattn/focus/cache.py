@@ -84,9 +84,11 @@ class RoutingCache:
         """Forget every cached token (a config change, a new generation)."""
         self._groups: _Rows | None = None
         self._index: GroupIndex | None = None
+        self._prefill_membership: torch.Tensor | None = None
         self._scores: _Rows | None = None  # router logits, kept for online rebalancing (cfg.rebalance)
         self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
         self._memo: dict = {}  # rebalancing boundary -> potentials
+        self._global: _Rows | None = None  # global keys [B, T, 1] (cfg.global_rate > 0)
 
     def follow_rows(self, key: torch.Tensor, tq: int) -> None:
         """Refuse a decode step whose KV cache had its batch rows reordered since the last call (beam search, or any
@@ -136,16 +138,20 @@ class RoutingCache:
         """A full forward's routing; with ``keep`` it replaces the cache (the start of a generation)."""
         if keep:
             self._groups = _Rows(routing.groups)
-            self._index = None if routing.membership is None else GroupIndex(routing.membership)
+            self._index = None  # built from _prefill_membership by the first decode step (a prefill-only
+            self._prefill_membership = routing.membership  # workload, e.g. evaluation, never pays for it)
             self._scores = None if routing.scores is None else _Rows(routing.scores)
             self._valid = None if valid is None or routing.scores is None else _Rows(valid[..., None])
             self._memo = {} if memo is None else memo
+            self._global = None if routing.global_keys is None else _Rows(routing.global_keys[..., None])
         return routing
 
     def cached(self, hard: bool) -> int:
         """Tokens held for hard (indexed) or soft routing; -1 when there is none of that kind."""
         if hard:
-            return len(self._index) if self._index is not None else -1
+            if self._index is None:
+                return self._prefill_membership.shape[1] if self._prefill_membership is not None else -1
+            return len(self._index)
         return len(self._groups) if self._groups is not None else -1
 
     def step(self, routing: Routing, tk: int, *, sliding_window: int | None = None) -> CallRouting:
@@ -164,13 +170,19 @@ class RoutingCache:
             self._scores.append(routing.scores)
         if self._valid is not None:
             self._valid.append(torch.ones_like(routing.groups[..., :1], dtype=torch.bool))
+        glob = None
+        if self._global is not None and routing.global_keys is not None:
+            self._global.append(routing.global_keys[..., None])
+            glob = self._global.view()[..., 0]
         index = None
         if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
+            if self._index is None:
+                self._index, self._prefill_membership = GroupIndex(self._prefill_membership), None
             index = self._index
             index.append(routing.membership)
-            routing = Routing(routing.groups, index.membership)
+            routing = Routing(routing.groups, index.membership, global_keys=glob)
         else:
-            routing = Routing(self._groups.view(), None)
+            routing = Routing(self._groups.view(), None, global_keys=glob)
         if trimmed:
             return CallRouting(Routing(routing.groups[:, -tk:],
                                        None if routing.membership is None else routing.membership[:, -tk:]),
@@ -187,8 +199,11 @@ class RoutingCache:
 
     def membership(self) -> torch.Tensor | None:
         """Hard top-k membership bool ``[B, T, K]`` of every cached token (None in soft mode or before any)."""
-        return None if self._index is None else self._index.membership
+        return self._prefill_membership if self._index is None else self._index.membership
 
     def last(self) -> Routing | None:
         """The cached routing as one :class:`Routing` (None before the first no-grad full forward)."""
-        return None if self._groups is None else Routing(self.groups(), self.membership())
+        if self._groups is None:
+            return None
+        return Routing(self.groups(), self.membership(),
+                       global_keys=None if self._global is None else self._global.view()[..., 0])

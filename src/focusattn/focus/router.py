@@ -21,6 +21,8 @@ class Routing:
     groups: torch.Tensor
     membership: torch.Tensor | None
     scores: torch.Tensor | None = None  # the logits before offsets [B, T, K] (what online rebalancing needs later)
+    global_keys: torch.Tensor | None = None  # bool [B, T]: keys every later query sees (cfg.global_rate > 0)
+    global_logits: torch.Tensor | None = None  # [B, T] the global-key scorer's logits (with gradient in training)
 
 
 @torch.no_grad()
@@ -33,11 +35,16 @@ def online_offsets(logits: torch.Tensor, base: torch.Tensor, every: int, iters: 
     (``base`` [B, K] when ``s == 0`` or no real token precedes ``s``): it never sees itself or a later token, and
     a prefill and the decode steps after it give the same offsets. ``past`` [B, start, K] / ``past_valid``: the
     earlier tokens' logits and padding mask (decode); ``memo`` maps ``s`` to its potentials so a decode step re-runs
-    Sinkhorn only when it crosses a boundary.
+    Sinkhorn only when it crosses a boundary. Tokens that all fall in one interval get its offsets as a broadcast
+    view (read-only), so a decode step between boundaries is a dictionary lookup.
     """
     b, t, k = logits.shape
-    out = base.to(logits.dtype)[:, None, :].expand(b, t, k).clone()
     first, last = max(1, start // every), (start + t - 1) // every
+    if start // every == last:  # every token in one interval (a decode step): one row of offsets, broadcast
+        pot = base if last == 0 else None if memo is None else memo.get(last * every)
+        if pot is not None:
+            return pot.to(logits.dtype)[:, None, :].expand(b, t, k)
+    out = base.to(logits.dtype)[:, None, :].expand(b, t, k).clone()
     if last < first:
         return out
     full = full_valid = None
@@ -111,6 +118,12 @@ class FocusRouter(nn.Module):
         self.centroids = nn.Parameter(torch.randn(cfg.num_groups, cfg.group_dim) / math.sqrt(cfg.group_dim))  # C
         self.register_buffer("offsets", torch.zeros(cfg.num_groups))
         self.register_buffer("offsets_ready", torch.zeros((), dtype=torch.bool))
+        self.globals = None  # the global-key scorer: one logit per token from its own layer input
+        if cfg.global_rate > 0:
+            self.globals = nn.Linear(d_model, 1)
+            # logits above this are global keys: an EMA of training batches' (1 - rate) quantile, like the offsets
+            self.register_buffer("global_threshold", torch.zeros(()))
+        self.pending_threshold: torch.Tensor | None = None
         # The routing of cached tokens during generation is not kept here: see focus.cache.RoutingCache.
         self.pending_offsets: torch.Tensor | None = None  # last training batch's potentials, not yet in the EMA
         self.balance: torch.Tensor | None = None  # last training forward's load-balance loss (see balance_loss)
@@ -159,8 +172,21 @@ class FocusRouter(nn.Module):
             self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = None if cfg.top_k is None else topk_membership(groups, cfg.top_k)
+        glob = gl = None
+        if self.globals is not None:
+            gl = self.globals(h.to(self.globals.weight.dtype)).squeeze(-1)
+            thr = self.global_threshold
+            if self.training:
+                with torch.no_grad():
+                    vals = gl.detach() if mask is None else gl.detach()[mask]
+                    batch_thr = _mean_over_ranks(torch.quantile(vals.float().flatten()[:1 << 24], 1 - cfg.global_rate))
+                if not _in_backward():
+                    self.pending_threshold = batch_thr
+                if not bool(self.offsets_ready):
+                    thr = batch_thr
+            glob = gl.detach() > thr
         # the logits are kept (by the routing cache) only when online rebalancing will need them in decode steps
-        return Routing(groups, membership, logits.detach() if cfg.rebalance else None)
+        return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl)
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:
@@ -181,13 +207,19 @@ class FocusRouter(nn.Module):
     def flush_offsets(self) -> None:
         """Fold the last training batch's Sinkhorn potentials into the EMA offsets (idempotent)."""
         b, self.pending_offsets = self.pending_offsets, None
+        thr, self.pending_threshold = self.pending_threshold, None
         if b is None:
             return
+        mom = self.cfg.offset_momentum
         if not bool(self.offsets_ready):
             self.offsets.copy_(b)
+            if thr is not None:
+                self.global_threshold.copy_(thr)
             self.offsets_ready.fill_(True)
         else:
-            self.offsets.mul_(self.cfg.offset_momentum).add_((1 - self.cfg.offset_momentum) * b)
+            self.offsets.mul_(mom).add_((1 - mom) * b)
+            if thr is not None:
+                self.global_threshold.mul_(mom).add_((1 - mom) * thr)
 
     def train(self, mode: bool = True):
         if not mode:

@@ -116,9 +116,14 @@ def focus_key_indices(membership, window, qpos, key_padding_mask=None):
 def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
     """Append the sink keys (``sink_keys`` [B|1, Tk], the first real tokens) that the lists do not hold yet: a sink
     ``j`` is listed already when it is in the window or shares a group with the query, so each key stays counted
-    once and the sinks need no separate partial and merge (the prefill path's :mod:`.sink`). ``O(C * n * K)``."""
+    once and the sinks need no separate partial and merge (the prefill path's :mod:`.sink`). ``O(C * n * K)``.
+    An int ``sink_keys`` (no padding) is the number of first keys: their positions need no scan of the cache."""
     b = idx.shape[0]
-    pos, ok = sink_positions(sink_keys, b)
+    if isinstance(sink_keys, int):
+        pos = torch.arange(sink_keys, device=idx.device).expand(b, sink_keys)
+        ok = torch.ones(b, sink_keys, dtype=torch.bool, device=idx.device)
+    else:
+        pos, ok = sink_positions(sink_keys, b)
     n = pos.shape[1]
     if n == 0:
         return idx, valid
@@ -236,7 +241,8 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         else:
             idx, valid = group_index.key_indices(qpos, window, key_padding_mask)
             if sinks is not None:
-                idx, valid = _add_sinks(idx, valid, membership, window, qpos, sinks)
+                first = min(sink, tk) if key_padding_mask is None else sinks
+                idx, valid = _add_sinks(idx, valid, membership, window, qpos, first)
         if allowed is not None:
             o, lse = _masked_pass(q[:, :, c0:c1], k, v, allowed, scale, softcap)
             outs.append(o)

@@ -119,8 +119,8 @@ def _every_pair_shares(membership: torch.Tensor, group_index=None) -> bool:
     groups (pigeonhole). With a group index both come from its counts (``O(K)``, not ``O(Tk K)``)."""
     kk = membership.shape[-1]
     if group_index is not None:
-        return bool((group_index.counts == membership.shape[1]).any(-1).all()) or 2 * group_index.min_groups > kk
-    return bool(membership.all(1).any(-1).all()) or 2 * int(membership.sum(-1).min()) > kk
+        return 2 * group_index.min_groups > kk or bool((group_index.counts == membership.shape[1]).any(-1).all())
+    return 2 * int(membership.sum(-1).min()) > kk or bool(membership.all(1).any(-1).all())
 
 
 def choose(q, k, membership, window, *, softcap=None, group_index=None) -> str:
@@ -246,6 +246,12 @@ def dense_branch(q, k, v, membership, window, *, sink=0, scale, key_padding_mask
     masks = [_chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, causal_only) if needs_mask else None
              for r0, r1 in chunks]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if tq == 1 and kpm is None and not needs_grad and not causal_only and q.device.type == "cpu":
+        # a decode step at inference: the additive mask built directly (the query always sees itself: no empty row)
+        bias = torch.zeros(masks[0].shape, dtype=q.dtype, device=q.device).masked_fill_(~masks[0], float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
+                                                                                scale=scale)
+        return out, lse.float()
     if needs_grad:
         out, lse = _Dense.apply(q, k, v, masks, chunks, scale, tk)
     else:
