@@ -7,7 +7,8 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-dist test-all bench bench-64k bench-kernels bench-lazy experiments lab results clean e2e e2e-measure \
+.PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab results clean \
+	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run
 
 setup: $(STAMP)
@@ -52,11 +53,21 @@ bench: $(STAMP)
 	for dt in bfloat16 float16; do $(VENV)/bin/focusattn bench --out $(RUNS)/bench-$$dt --dtype $$dt --groups 8 \
 		--top-k 1 2 --lengths 4096 16384 --repeats 2 --no-flex --decode-len 0 --threads 1 || exit 1; done
 	$(VENV)/bin/focusattn bench-lazy --out $(RUNS)/bench-lazy --threads 1
+	$(VENV)/bin/focusattn bench-dispatch --out $(RUNS)/dispatch --routing-file $(ROUTING_FILE) --threads 1 --install
 	mkdir -p docs/results
+	cp $(RUNS)/dispatch/dispatch_bench.json docs/results/
 	cp $(RUNS)/bench/bench.json $(RUNS)/bench/bench.png docs/results/
 	for r in captured zipf bfloat16 float16; do cp $(RUNS)/bench-$$r/bench.json docs/results/bench_$$r.json; \
 		cp $(RUNS)/bench-$$r/bench.png docs/results/bench_$$r.png; done
 	cp $(RUNS)/bench-lazy/lazy_bench.json $(RUNS)/bench-lazy/lazy_bench.png docs/results/
+	$(MAKE) results
+
+# The break-evens backend="auto" reads (~6 min on 1 core; part of `make bench` too): masked vs decomposed prefill and
+# masked vs gathered decode at the shipped adapter's routing, written into the packaged kernels/dispatch.json.
+bench-dispatch: $(STAMP)
+	$(VENV)/bin/focusattn bench-dispatch --out $(RUNS)/dispatch --routing-file $(ROUTING_FILE) --threads 1 --install
+	mkdir -p docs/results
+	cp $(RUNS)/dispatch/dispatch_bench.json docs/results/
 	$(MAKE) results
 
 # The 64K point (K=8 top-1, prefill and decode; ~6 min on 1 core), separate for time.

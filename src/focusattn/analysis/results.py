@@ -116,6 +116,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("bench_float16.json", "### Kernels with float16 inputs", bench_markdown,
          {"plot_link": "results/bench_float16.png"}, []),
         ("gpu_bench.json", "### The kernels on a GPU (`scripts/gpu_check.sh`)", render_gpu_bench, {}, []),
+        ("dispatch_bench.json", "## Never slower than the original: `backend=\"auto\"`", render_dispatch_section,
+         {"results_dir": d}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
         ("lab.json", None, lab_markdown, {}, ["lab.loss.png", "lab.attention.png"]),
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
@@ -293,3 +295,99 @@ def rebalance_markdown(doc: dict) -> str:
             lines.append(f"| {data} | {n or 'off'} | {delta(1)} | {delta(2)} | "
                          f"{max(r['max_top1_share'] for r in by_k.values()):.2f} |")
     return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
+
+
+def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
+    """Issue 23 (never slower than the original): the dispatcher's break-evens (``dispatch_bench.json``), the whole
+    model at short contexts with the branches it took (``short_model_bench.json``), a decode step per layer before
+    and after (``decode_profile.json``) and the wall-clock of ``focusattn eval`` per mode
+    (``wallclock_eval_offline.json`` against the earlier ``eval_offline.json``); targets checked at render time."""
+    from ..bench.dispatch import render_dispatch_markdown
+
+    d = Path(results_dir)
+    parts = ["`backend=\"auto\"` picks, per call, the exact engine that is fastest for its shape (docs/DISPATCH.md): "
+             "plain causal attention where the mask keeps every causal pair, one masked fused call below the "
+             "measured break-even, the decomposed engine / gathered decode above it.", "",
+             "### Break-evens (`focusattn bench-dispatch`)", "", render_dispatch_markdown(doc), ""]
+    sb = d / "short_model_bench.json"
+    parts.append("### Whole model at short and medium contexts (`bench-model`, same run as the original)\n")
+    if sb.exists():
+        b = _load(sb)
+        x = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
+        br = lambda v: ", ".join(f"{k} {n}" for k, n in sorted((v or {}).items())) or "—"  # noqa: E731
+        parts += [f"Command: `{b['command']}`; {b['threads']} thread(s), median of {b['repeats']} alternating "
+                  f"repeats (decode-only rows: one prefill per variant), decode = median of {b['decode_tokens']} "
+                  "steps. × = original's time / this variant's (wall; CPU = process CPU time). Branches: calls of "
+                  "each `auto` branch in the first repeat (30 layers per forward).", "",
+                  "| T | variant | prefill s | prefill × | prefill CPU × | decode ms | decode × | decode CPU × | "
+                  "prefill branches | decode branches |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in b["results"]:
+            only = r.get("decode_only")
+            parts.append(f"| {r['T']}{' (decode only)' if only else ''} | {r['variant']} | {r['prefill_s']:.2f} | "
+                         f"{'—' if only else x(r['prefill_speedup'])} | "
+                         f"{'—' if only else x(r.get('prefill_cpu_speedup'))} | "
+                         f"{1e3 * r['decode_s']:.1f} | {x(r['decode_speedup'])} | {x(r.get('decode_cpu_speedup'))} | "
+                         f"{br(r.get('prefill_branches'))} | {br(r.get('decode_branches'))} |")
+        focus = [r for r in b["results"] if r["variant"] != "original"]
+        pre = [r for r in focus if not r.get("decode_only") and 64 <= r["T"] <= 2048]
+        dec = [r for r in focus if 512 <= r["T"] <= 8192]
+        t1 = [r for r in focus if r["variant"] == "top1" and r["T"] == 8192]
+
+        def verdict(rows, key, goal):
+            if not rows:
+                return "not measured"
+            worst = min(rows, key=lambda r: r[key])
+            ok = all(r[key] >= goal for r in rows)
+            return f"{'met' if ok else 'not met'} (worst {worst[key]:.2f}× at T={worst['T']} {worst['variant']})"
+
+        parts += ["", "Targets (wall-clock ratios above; CPU-time ratios beside them):",
+                  f"- prefill ≥ 0.97× at every T 64–2048, top-1 and top-2: {verdict(pre, 'prefill_speedup', 0.97)}",
+                  f"- decode step ≥ 1.0× at every context 512–8192: {verdict(dec, 'decode_speedup', 1.0)}",
+                  f"- decode step ≥ 1.15× for top-1 at 8192: {verdict(t1, 'decode_speedup', 1.15)}", ""]
+    else:
+        parts.append("_Not yet measured (`short_model_bench.json` absent)._\n")
+    dp = d / "decode_profile.json"
+    parts.append("### A decode step per layer, before and after (`scripts/decode_profile.py`)\n")
+    if dp.exists():
+        p = _load(dp)
+        parts += ["Thread CPU ms per layer of one decode step (median of the steps, one thread): the attention "
+                  "function, and inside Focus's: routing (router, top-k, rebalancing, routing cache and group "
+                  "index), the kernel call (validation, dispatch, attention) and the rest; `model` = the step "
+                  "outside attention (ms, all layers).", "",
+                  "| run (revision) | T | variant | step ms | attention fn / layer | routing / layer | "
+                  "kernel / layer | rest / layer | model ms |", "|---|---|---|---|---|---|---|---|---|"]
+        f = lambda r, k: "—" if k not in r else f"{r[k]:.3f}"  # noqa: E731
+        for label, run in p["runs"].items():
+            for r in run["rows"]:
+                parts.append(f"| {label} ({run['revision']}) | {r['T']} | {r['variant']} | {r['step_ms']:.1f} | "
+                             f"{f(r, 'attention_fn_ms_per_layer')} | {f(r, 'routing_ms_per_layer')} | "
+                             f"{f(r, 'kernel_ms_per_layer')} | {f(r, 'rest_ms_per_layer')} | {r['model_ms']:.1f} |")
+        parts += [""] + [f"- {label}: `{run['command']}`" for label, run in p["runs"].items()] + [""]
+    else:
+        parts.append("_Not yet measured (`decode_profile.json` absent)._\n")
+    we = d / "wallclock_eval_offline.json"
+    parts.append("### Wall-clock of `focusattn eval --tasks offline --limit 20` per mode\n")
+    if we.exists():
+        new = _load(we)
+        old = _load(d / "eval_offline.json") if (d / "eval_offline.json").exists() else None
+        parts += ["| run | " + " | ".join(f"{m} s (× original)" for m in new["seconds"]) + " |",
+                  "|---|" + "---|" * len(new["seconds"])]
+        for name, e in (("before the dispatcher (`eval_offline.json`)", old), ("now", new)):
+            if e is None:
+                continue
+            base = e["seconds"].get("original")
+            parts.append(f"| {name} | " + " | ".join(
+                "—" if m not in e["seconds"] else f"{e['seconds'][m]:.0f} ({e['seconds'][m] / base:.2f}×)"
+                for m in new["seconds"]) + " |")
+        same = None
+        if old is not None:  # every metric of every (task, mode) both runs have, compared
+            o, n = old["results"], new["results"]
+            pairs = [(o[t][m][k]["value"], n[t][m][k]["value"]) for t in n if t in o for m in n[t] if m in o[t]
+                     for k in n[t][m] if k in o[t][m]]
+            same = max((abs(a - b) / max(abs(a), 1e-12) for a, b in pairs), default=None)
+        parts += ["", f"Commands: `{old.get('command') if old else '—'}` (before), `{new.get('command')}` (now). "
+                  + ("" if same is None else f"Largest relative change of any metric between the two runs: "
+                     f"{same:.2e}."), ""]
+    else:
+        parts.append("_Not yet measured (`wallclock_eval_offline.json` absent)._\n")
+    return "\n".join(parts)

@@ -60,8 +60,8 @@ class BreakEvens:
     def _at(table: dict[int, int], k: int) -> int:
         if not table:
             return 0
-        return table[k] if k in table else table[max(kk for kk in table if kk <= k)] if k > min(table) else \
-            table[min(table)]
+        below = [kk for kk in table if kk <= k]
+        return table[max(below)] if below else table[min(table)]
 
     def prefill_min(self, k: int) -> int:
         return self._at(self.prefill, k)
