@@ -163,3 +163,21 @@ def test_errors():
         idx.crop(33)
     assert len(idx) == 32  # failed appends left the index untouched
     _assert_same_index(idx, GroupIndex(m))
+
+
+def test_group_statistics_the_dispatcher_reads_follow_appends_crops_and_reorders():
+    """min_groups / max_groups / one_group_holds_all (what backend='auto' reads instead of scanning the cache)."""
+    m = torch.zeros(2, 10, 4, dtype=torch.bool)
+    m[:, :, 0] = True  # group 0 holds every token
+    m[0, 3, 2] = True  # one token in two groups
+    idx = GroupIndex(m)
+    assert (idx.min_groups, idx.max_groups, idx.one_group_holds_all) == (1, 2, True)
+    step = torch.zeros(2, 1, 4, dtype=torch.bool)
+    step[:, 0, 1] = True  # a token outside group 0
+    step[1, 0, 3] = True
+    idx.append(step)
+    assert (idx.min_groups, idx.max_groups, idx.one_group_holds_all) == (1, 2, False)
+    assert idx.crop(10).one_group_holds_all and idx.max_groups == 2
+    assert not idx.append(step).reorder(torch.tensor([1])).one_group_holds_all
+    with pytest.raises(ValueError, match="every token must belong"):
+        idx.append(torch.zeros(1, 1, 4, dtype=torch.bool))

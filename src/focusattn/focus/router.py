@@ -131,7 +131,8 @@ class FocusRouter(nn.Module):
 
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
-        return self.proj(h.to(self.proj.weight.dtype)) @ self.centroids.t() / self.cfg.tau
+        w = self.proj.weight  # F.linear, not the submodule's __call__ (hooks machinery, per layer and decode step)
+        return torch.nn.functional.linear(h.to(w.dtype), w) @ self.centroids.t() / self.cfg.tau
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None, start: int = 0,
                 past: tuple[torch.Tensor, torch.Tensor | None] | None = None, memo: dict | None = None) -> Routing:

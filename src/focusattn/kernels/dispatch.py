@@ -119,7 +119,7 @@ def _every_pair_shares(membership: torch.Tensor, group_index=None) -> bool:
     groups (pigeonhole). With a group index both come from its counts (``O(K)``, not ``O(Tk K)``)."""
     kk = membership.shape[-1]
     if group_index is not None:
-        return 2 * group_index.min_groups > kk or bool((group_index.counts == membership.shape[1]).any(-1).all())
+        return 2 * group_index.min_groups > kk or group_index.one_group_holds_all
     return 2 * int(membership.sum(-1).min()) > kk or bool(membership.all(1).any(-1).all())
 
 
@@ -247,8 +247,8 @@ def dense_branch(q, k, v, membership, window, *, sink=0, scale, key_padding_mask
              for r0, r1 in chunks]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if tq == 1 and kpm is None and not needs_grad and not causal_only and q.device.type == "cpu":
-        # a decode step at inference: the additive mask built directly (the query always sees itself: no empty row)
-        bias = torch.zeros(masks[0].shape, dtype=q.dtype, device=q.device).masked_fill_(~masks[0], float("-inf"))
+        # a decode step at inference: the additive mask in one op (the query always sees itself: no empty row)
+        bias = torch.where(masks[0], 0.0, float("-inf")).to(q.dtype)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
                                                                                 scale=scale)
         return out, lse.float()

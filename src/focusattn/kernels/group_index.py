@@ -27,13 +27,15 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(4, (max(1, n) - 1).bit_length())
 
 
-def _check_membership(m, name: str, batch=None, groups=None) -> None:
+def _check_membership(m, name: str, batch=None, groups=None, every_token=True) -> None:
+    """Type and shape of a membership; ``every_token``: also that each token is in a group (append checks that
+    from the group counts it computes anyway)."""
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or m.dim() != 3:
         raise ValueError(f"{name} must be a bool tensor [B, T, K], got "
                          f"{(m.dtype, tuple(m.shape)) if isinstance(m, torch.Tensor) else type(m).__name__}")
     if m.shape[2] < 1 or (batch is not None and (m.shape[0], m.shape[2]) != (batch, groups)):
         raise ValueError(f"{name} must have shape [B, t, K] = [{batch}, t, {groups}], got {tuple(m.shape)}")
-    if m.shape[1] and not bool(m.any(-1).all()):
+    if every_token and m.shape[1] and not bool(m.any(-1).all()):
         raise ValueError(f"{name}: every token must belong to at least one group")
 
 
@@ -85,15 +87,15 @@ class GroupIndex:
         self._sync()
         return self._pos[:, :, :int(self.counts.max())], self.counts
 
-    def _note_groups(self, membership: torch.Tensor, reset: bool = True) -> None:
-        """Keep ``min_groups`` / ``max_groups`` (the fewest / most groups of any indexed token; ``K`` / 0 when none):
-        the dispatcher reads them instead of scanning every token per step (:mod:`.dispatch`)."""
-        kk = self.counts.shape[1]
-        lo, hi = (kk, 0) if reset else (self.min_groups, self.max_groups)
+    def _note_groups(self, membership: torch.Tensor) -> None:
+        """Set ``min_groups`` / ``max_groups`` (the fewest / most groups of any indexed token; ``K`` / 0 when none):
+        the dispatcher reads them instead of scanning every token per step (:mod:`.dispatch`); append keeps them."""
+        lo, hi = self.counts.shape[1], 0
         if membership.shape[1]:
-            a, b = torch.stack(torch.aminmax(membership.sum(-1))).tolist()  # one sync
-            lo, hi = min(lo, a), max(hi, b)
+            lo, hi = torch.stack(torch.aminmax(membership.sum(-1))).tolist()  # one sync
         self.min_groups, self.max_groups = lo, hi
+        # does one group hold every token, in every batch row? Once not, appending never makes it so again
+        self.one_group_holds_all = bool((self.counts == self._len).any(-1).all())
 
     # ------------------------------------------------------------------------------------------- updates
     def _grow_lists(self, need: int) -> None:
@@ -105,12 +107,15 @@ class GroupIndex:
     def append(self, membership_new: torch.Tensor) -> "GroupIndex":
         """Index ``membership_new`` ``[B, t, K]`` as positions ``len .. len + t - 1``; returns ``self``."""
         b, k = self.counts.shape
-        _check_membership(membership_new, "membership_new", b, k)
+        _check_membership(membership_new, "membership_new", b, k, every_token=False)
         if membership_new.device != self.device:
             raise ValueError(f"membership_new is on {membership_new.device} but the index is on {self.device}")
         t = membership_new.shape[1]
         if t == 0:
             return self
+        lo, hi = torch.stack(torch.aminmax(membership_new.sum(-1))).tolist()  # one sync: the check and the bounds
+        if lo < 1:
+            raise ValueError("membership_new: every token must belong to at least one group")
         if self._len + t > self._memb.shape[1]:
             memb = torch.zeros(b, _pow2_at_least(self._len + t), k, dtype=torch.bool, device=self.device)
             memb[:, :self._len] = self.membership
@@ -118,7 +123,9 @@ class GroupIndex:
         self._memb[:, self._len:self._len + t] = membership_new
         self.counts = self.counts + membership_new.sum(1)
         self._len += t
-        self._note_groups(membership_new, reset=False)
+        self.min_groups, self.max_groups = min(self.min_groups, lo), max(self.max_groups, hi)
+        if self.one_group_holds_all:
+            self.one_group_holds_all = bool((self.counts == self._len).any(-1).all())
         return self
 
     def _sync(self) -> None:

@@ -66,9 +66,12 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
     if membership.dim() != 3 or membership.shape[:2] != (k.shape[0], k.shape[2]) or membership.shape[2] < 1:
         raise ValueError(f"membership must have shape [B, Tk, K] = [{k.shape[0]}, {k.shape[2]}, K>=1], "
                          f"got {tuple(membership.shape)}")
+    own = False
     if group_index is not None:
-        _validate_group_index(group_index, membership, q.shape[2])
-    if not bool((membership if group_index is None else membership[:, k.shape[2] - q.shape[2]:]).any(-1).all()):
+        own = _validate_group_index(group_index, membership, q.shape[2])
+    # the index's own rows were checked as they were appended (GroupIndex.append)
+    if not own and not bool((membership if group_index is None else membership[:, k.shape[2] - q.shape[2]:])
+                            .any(-1).all()):
         raise ValueError("membership: every token must belong to at least one group")
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
@@ -93,13 +96,19 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
         if t is not None and t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     new = k.shape[2] - q.shape[2] if group_index is not None else 0  # see the module docstring
-    for name, t in (("q", q), ("k", k[:, :, new:]), ("v", v[:, :, new:])):
+    parts = (("q", q), ("k", k[:, :, new:]), ("v", v[:, :, new:]))
+    if group_index is not None:  # a decode step: one sum and one sync for its few rows; a bad one is named below
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if math.isfinite(float(sum(t.detach().sum(dtype=acc) for _, t in parts))):
+            return
+    for name, t in parts:
         check_finite(name, t)
 
 
-def _validate_group_index(group_index, membership, tq: int) -> None:
+def _validate_group_index(group_index, membership, tq: int) -> bool:
     """Length, batch, groups and device must match, and so must the queries' rows (an ``O(Tq K)`` check that
-    catches an index that was not appended to this step, or belongs to another layer)."""
+    catches an index that was not appended to this step, or belongs to another layer). True when ``membership``
+    is the index's own (``group_index.membership``, the one the routing cache passes): nothing to compare."""
     if not isinstance(group_index, GroupIndex):
         raise ValueError(f"group_index must be a GroupIndex or None, got {type(group_index).__name__}")
     b, tk, kk = membership.shape
@@ -110,9 +119,13 @@ def _validate_group_index(group_index, membership, tq: int) -> None:
         raise ValueError(f"group_index has [B, K] = {list(group_index.counts.shape)} but membership has [{b}, {kk}]")
     if group_index.device != membership.device:
         raise ValueError(f"group_index is on {group_index.device} but membership is on {membership.device}")
+    own = group_index.membership
+    if membership.data_ptr() == own.data_ptr() and membership.stride() == own.stride():
+        return True
     if not torch.equal(group_index.membership[:, tk - tq:], membership[:, tk - tq:]):
         raise ValueError("group_index: its membership of the query tokens differs from membership's (stale index, "
                          "or one from another layer)")
+    return False
 
 
 def empty_focus_result(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None):
