@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from focusattn._cli_common import (HelpFormatter, check_long_eval, check_names, check_top_ks, ints,
-                                   long_eval_variants, model_positions)
+from focusattn._cli_common import HelpFormatter, check_long_eval, check_names, check_top_ks, ints, model_positions
 from focusattn._errors import InputError, cli_message
 from focusattn.cli import build_parser, main
 
@@ -126,8 +125,10 @@ def test_parsing_names_the_flag():
 
 
 def test_long_eval_variants_are_refused_not_dropped():
-    assert long_eval_variants("1,2", ("sliding",)) == ["original", "soft", "top1", "top2", "sliding@top1",
-                                                       "sliding@top2"]
+    from focusattn.eval.longctx import variant_names
+
+    assert variant_names((1, 2), ("sliding",)) == ["original", "soft", "top1", "top2", "sliding@top1",
+                                                   "sliding@top2"]
     assert check_long_eval(top_ks=["1", "2"], baselines="sliding,random", variants="") == (("sliding", "random"),
                                                                                           None)
     assert check_long_eval(top_ks=["1"], baselines="random", variants="original,random@top1")[1] == (
@@ -139,7 +140,7 @@ def test_long_eval_variants_are_refused_not_dropped():
     with pytest.raises(InputError, match="unknown soft"):  # --no-soft: there is no soft row to keep
         check_long_eval(top_ks=["1"], baselines="", variants="soft", soft=False)
     with pytest.raises(InputError, match="--baselines|baselines"):
-        check_long_eval(top_ks=["1"], baselines="sliding,oracle", variants="")
+        check_long_eval(top_ks=["1"], baselines="sliding,lsh", variants="")
     with pytest.raises(InputError, match="unknown b"):
         check_names("a,b", "x", ["a"])
 

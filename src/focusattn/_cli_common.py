@@ -16,7 +16,6 @@ from pathlib import Path
 from ._errors import InputError
 from ._io import check_writable
 
-BASELINES = ("sliding", "random", "untrained")  # long-eval's sparse baselines (eval/longctx.py builds them)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -150,18 +149,13 @@ def check_names(values, param: str, allowed) -> tuple[str, ...]:
     return names
 
 
-def long_eval_variants(top_ks, baselines=BASELINES, soft: bool = True) -> list[str]:
-    """Every variant name ``focusattn long-eval`` can measure with these top-k, baselines and soft switch."""
-    ks = ints(top_ks, "top_k")
-    names = ["original"] + (["soft"] if soft else []) + [f"top{k}" for k in ks]
-    return names + [f"{b}@top{k}" for k in ks for b in baselines]
-
-
 def check_long_eval(*, top_ks, baselines: str, variants: str, soft: bool = True) -> tuple[tuple[str, ...],
                                                                                            tuple[str, ...] | None]:
     """``long-eval``'s ``--baselines`` and ``--variants`` -> (baselines, variants or None for all)."""
+    from .eval.longctx import BASELINES, variant_names  # the names live where the variants are built
+
     base = check_names(baselines, "baselines", BASELINES)
-    kept = check_names(variants, "variants", long_eval_variants(top_ks, base, soft)) if variants else ()
+    kept = check_names(variants, "variants", variant_names(ints(top_ks, "top_k"), base, soft)) if variants else ()
     return base, kept or None
 
 
@@ -206,6 +200,6 @@ def check_shared(args: argparse.Namespace) -> None:
             check_lengths(a[dest], dest, model_positions(model) if model else None)
 
 
-__all__ = ["BASELINES", "HelpFormatter", "adapter_groups", "check_int", "check_lengths", "check_long_eval",
-           "check_names", "check_shared", "check_top_ks", "ints", "long_eval_variants", "model_positions",
+__all__ = ["HelpFormatter", "adapter_groups", "check_int", "check_lengths", "check_long_eval",
+           "check_names", "check_shared", "check_top_ks", "ints", "model_positions",
            "set_threads"]

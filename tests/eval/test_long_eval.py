@@ -43,11 +43,19 @@ def test_passkey_sequences_have_exact_length_and_end_with_the_key():
 def test_long_eval_runs_every_variant_and_the_original_finds_the_passkey(adapter_dir, tmp_path):
     out = tmp_path / "le"
     rc = main(["long-eval", "--adapter", adapter_dir, "--lengths", "320", "--top-k", "1", "--ppl-windows", "1",
-               "--repeat-n", "1", "--threads", "2", "--out", str(out)])
+               "--repeat-n", "1", "--threads", "2", "--recall-windows", "1", "--out", str(out)])
     assert rc == 0
     doc = json.loads((out / "long_eval.json").read_text())
     names = [r["variant"] for r in doc["results"]]
-    assert names == ["original", "soft", "top1", "sliding@top1", "random@top1", "untrained@top1"]
+    assert names == ["original", "soft", "top1", "sliding@top1", "random@top1", "untrained@top1", "kmeans@top1",
+                     "oracle@top1"]
+    # attention recall on both splits: the oracle at top-1's budget never drops more than top-1 itself
+    assert [(r["T"], r["split"]) for r in doc["recall"]] == [(320, "domain"), (320, "ood")]
+    for rec in doc["recall"]:
+        masks = rec["overall"]["masks"]
+        assert masks["oracle@top1"]["dropped_distant"] <= masks["top1"]["dropped_distant"]
+        assert len(rec["layers"]) == 30 and 0 < rec["overall"]["share"]["distant"] < 1
+    assert set(doc["results"][2]["distant_dropped"]) == {"domain", "ood"}
     orig = doc["results"][0]
     assert orig["passkey"]["accuracy"] >= 2 / 3  # the probe is solvable by the full model at this length
     assert orig["repeat_ppl"] < 0.5 * orig["ppl_ood"]  # the second copy is predicted from the first
@@ -74,6 +82,15 @@ def test_bench_model_times_the_learned_routing(adapter_dir, tmp_path):
     assert len(r["routing"]["layers"]) == 30
     assert all(1 / 4 <= x["largest_share"] <= 1 for x in r["routing"]["layers"])
     assert (out / "model_bench.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, message", [(["--variants", "original,top9"], "--variants original,top9: unknown top9"),
+                                           (["--baselines", "sliding,lsh"], "--baselines sliding,lsh: unknown lsh")])
+def test_long_eval_unknown_variant_or_baseline_is_one_line(adapter_dir, tmp_path, capsys, argv, message):
+    out = tmp_path / "le"
+    assert main(["long-eval", "--adapter", adapter_dir, "--out", str(out)] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize("argv, message", [

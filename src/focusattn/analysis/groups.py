@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..focus.attend import served_sinks
 from ..hf.compose import last_routing, routers
 from ..kernels.common import sink_key_mask, topk_membership
 from ..kernels.reference import focus_allowed
@@ -40,7 +41,7 @@ def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
             c = torch.bincount(flat.argmax(-1), minlength=r.cfg.num_groups).cpu()
             counts[i] = c if counts[i] is None else counts[i] + c
             conf[i] += flat.max(-1).values.sum().item()
-            sinks = sink_key_mask(t, r.cfg.sink_tokens, device=device)
+            sinks = sink_key_mask(t, served_sinks(routings[i], r.cfg, t, device=device), device=device)
             for k in top_ks:
                 member = topk_membership(g, k)
                 kept[k] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()

@@ -58,6 +58,8 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     head = ["adapter", "variant"]
     for t in ppl_t:
         head += [f"ppl domain T={t}", f"ppl OOD T={t}"]
+    rec_t = sorted({t for r in rows for t, x in r["by_T"].items() if "distant_dropped" in x})
+    head += [f"distant attention dropped T={t}" for t in rec_t]
     head += [f"repeat-copy ppl T={t}" for t in lengths] + [f"passkey T={t}" for t in lengths]
     head += [f"pairs kept T={lengths[-1]}", "prefill ×", "decode ×"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -68,6 +70,10 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
                 x, b = r["by_T"].get(t, {}).get(key), base["by_T"].get(t, {}).get(key)
                 cells.append("—" if x is None else f"{x:.2f}" + ("" if r is base or b is None
                                                                  else f" ({100 * (x / b - 1):+.1f}%)"))
+        for t in rec_t:
+            dd = r["by_T"].get(t, {}).get("distant_dropped")
+            cells.append("0%" if r["variant"] == "original" else "—" if not dd else
+                         " / ".join(f"{100 * dd[s]:.0f}%" for s in ("domain", "ood") if s in dd))
         cells += [_f(r["by_T"].get(t, {}).get("repeat_ppl")) for t in lengths]
         cells += [_f((r["by_T"].get(t) or {}).get("passkey", {}).get("accuracy")) for t in lengths]
         kept = r["by_T"].get(lengths[-1], {}).get("budget_pairs_kept")
@@ -78,7 +84,10 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     speed_t = sorted({r["speed_T"] for r in rows if r["speed_T"]})
     notes = [f"Speed-ups: whole model against the original in the same `bench-model` run at T={speed_t}; "
              "— = not measured. Passkey: accuracy over depths (teacher-forced greedy = what greedy decoding answers). Sliding, random "
-             "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length."]
+             "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length; k-means and oracle "
+             "rows keep as many distant keys per query as the adapter's top-k (k-means: the matching share of its "
+             "clusters). Distant attention dropped: the share of the original model's attention on keys beyond the "
+             "window and sinks that the mask removes (domain / OOD, `long-eval --recall-windows`)."]
     cmds = [f"- `{d['command']}`" for d in long_docs + bench_docs if d.get("command")]
     out = "\n".join(lines + ["", *notes, "", "Commands:", "", *cmds])
     if plot_link:

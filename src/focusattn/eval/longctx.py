@@ -8,13 +8,21 @@ Variants (all on the same inputs):
 * ``sliding@top{k}``: window + first token (StreamingLLM-style) with the window chosen so it keeps at least the share
   of causal pairs that the adapter's top-k keeps at that length on that text (measured, per length);
 * ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k;
-* ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training.
+* ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training;
+* ``kmeans@top{k}``: k-means over each layer's own keys, queries routed to the clusters they score highest
+  (ClusterKV's recipe, :func:`..kernels.recall.kmeans_key_routing`), served by the dense reference;
+* ``oracle@top{k}``: per query as many distant keys as ``top{k}`` keeps, the ones the model attends to most (dense
+  reference): what a perfect routing at the same budget would give.
+
+With ``recall_windows`` the attention recall of every mask (``eval/recall.py``: the share of the original model's
+distant attention each drops, per layer and head) is measured on held-out windows of each split and length.
 
 The baselines show whether the trained router earns its place; the probes (``eval.probes``) show where sparse
 attention loses most: long-range copying and retrieval.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 from pathlib import Path
@@ -28,12 +36,19 @@ from .perplexity import perplexity
 from .probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
 
 SCHEMA = "focusattn.long_eval/1"
-BASELINES = ("sliding", "random", "untrained")
+BASELINES = ("sliding", "random", "untrained", "kmeans", "oracle")
+
+
+def variant_names(top_ks, baselines=BASELINES, soft: bool = True) -> list[str]:
+    """Every variant name ``run_long_eval`` can produce for these top-ks and baselines."""
+    names = ["original"] + (["soft"] if soft else []) + [f"top{k}" for k in top_ks]
+    return names + [f"{b}@top{k}" for k in top_ks for b in BASELINES if b in baselines]
 
 
 @torch.no_grad()
 def pairs_kept(model, tokens: np.ndarray) -> float:
     """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers."""
+    from ..focus.attend import served_sinks
     from ..hf import last_routing, routers
     from ..kernels.reference import focus_allowed, sink_key_mask
 
@@ -43,7 +58,7 @@ def pairs_kept(model, tokens: np.ndarray) -> float:
     shares = []
     for r, routing in zip(routers(model), last_routing(model)):
         m = routing.membership
-        kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, r.cfg.sink_tokens)).sum().item()
+        kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, served_sinks(routing, r.cfg, t))).sum().item()
         shares.append(kept / (t * (t + 1) / 2))
     return statistics.mean(shares)
 
@@ -53,19 +68,28 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
-                  rebalance: int | None = None, command: str | None = None, progress: bool = True) -> dict:
+                  rebalance: int | None = None, recall_windows: int = 0, command: str | None = None,
+                  progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
-    names (e.g. ``("original", "top1", "sliding@top1")``; None = all)."""
+    names (e.g. ``("original", "top1", "sliding@top1")``; None = all, unknown names are an error).
+    ``recall_windows``: windows per split and length for attention recall (0 = none)."""
     from ..data.corpora import load_corpus
     from ..data.tokens import check_length, eval_windows, tokenize
     from ..hf import compose, focus_config, load_model, set_top_k
     from ..hf.baselines import restore, sliding_sink, window_for_budget
     from ..hf.pair import load_pair
+    from ..hf.probe import kmeans_rule, masked, oracle_rule
+    from .recall import measure_recall
 
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise ValueError(f"unknown baseline(s) {bad}: allowed {list(BASELINES)}")
+    if variants is not None:
+        known = variant_names(top_ks, baselines, soft)
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ValueError(f"unknown variant(s) {unknown}: allowed {known}")
     pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
@@ -94,9 +118,35 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                 out.append((f"sliding@top{k}", base, lambda w=w: sliding_sink(base, w, cfg.sink_tokens)))
             for b, m in others.items():
                 out.append((f"{b}@top{k}", m, lambda m=m, k=k: set_top_k(m, k)))
+            for b, rule in (("kmeans", kmeans_rule), ("oracle", oracle_rule)):
+                if b in baselines:
+                    out.append((f"{b}@top{k}", focus, lambda rule=rule, k=k: masked(focus, rule(k))))
         return out
 
-    rows = []
+    def evaluate(t: int, name: str, m, tests: dict, budget: dict) -> dict:
+        """One variant's row at length ``t``: perplexity per split, passkey, repeat-copy."""
+        row = {"T": t, "variant": name}
+        if name.startswith("top") or "@" in name:
+            k = int(name.split("top")[-1])
+            row["budget_pairs_kept"] = budget[k]
+            if name.startswith("sliding"):
+                row["window"] = base.config._focus_sliding[0]
+        for key, inputs in tests.items():
+            desc = f"T={t} {name} {key}"
+            if key.startswith("ppl_"):
+                row[key] = perplexity(m, inputs, desc=desc, progress=progress)["ppl"]
+                if m is not base and name != "soft" and not name.startswith(("random", "kmeans", "oracle")):
+                    # the learned routing's balance on this corpus (last window): what the kernels pay
+                    stats = routing_stats(m, t)
+                    row[f"balance_{key[4:]}"] = {k: stats[k] for k in ("max_largest_share",
+                                                                       "max_group_cost_vs_balanced")}
+            elif key == "passkey":
+                row["passkey"] = passkey_accuracy(m, inputs, desc=desc, progress=progress)
+            else:
+                row["repeat_ppl"] = repeat_copy_ppl(m, inputs, desc=desc, progress=progress)["ppl"]
+        return row
+
+    rows, recall_rows = [], []
     for t in lengths:
         budget = {}
         for k in top_ks:
@@ -110,29 +160,26 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
         distance = min(repeat_distance, t // 2)
         tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
+        dropped = {}
+        if recall_windows:
+            sliding = {f"sliding@top{k}": window_for_budget(t, budget[k], cfg.sink_tokens) for k in top_ks} \
+                if "sliding" in baselines else None
+            for split in val:
+                set_top_k(focus, None)
+                rec = measure_recall(focus, eval_windows(val[split], t, recall_windows), top_ks=top_ks,
+                                     others=others, sliding=sliding, kmeans="kmeans" in baselines,
+                                     oracle="oracle" in baselines, desc=f"T={t} recall {split}", progress=progress)
+                recall_rows.append({"T": t, "split": split, **rec})
+                for name, m in rec["overall"]["masks"].items():
+                    dropped.setdefault(name, {})[split] = m["dropped_distant"]
         for name, m, setup in all_variants(t, budget):
             if variants is not None and name not in variants:
                 continue
-            setup()
-            row = {"T": t, "variant": name}
-            if name.startswith("top") or "@" in name:
-                k = int(name.split("top")[-1])
-                row["budget_pairs_kept"] = budget[k]
-                if name.startswith("sliding"):
-                    row["window"] = base.config._focus_sliding[0]
-            for key, inputs in tests.items():
-                desc = f"T={t} {name} {key}"
-                if key.startswith("ppl_"):
-                    row[key] = perplexity(m, inputs, desc=desc, progress=progress)["ppl"]
-                    if m is not base and name != "soft" and not name.startswith("random"):
-                        # the learned routing's balance on this corpus (last window): what the kernels pay
-                        stats = routing_stats(m, t)
-                        row[f"balance_{key[4:]}"] = {k: stats[k] for k in ("max_largest_share",
-                                                                           "max_group_cost_vs_balanced")}
-                elif key == "passkey":
-                    row["passkey"] = passkey_accuracy(m, inputs, desc=desc, progress=progress)
-                else:
-                    row["repeat_ppl"] = repeat_copy_ppl(m, inputs, desc=desc, progress=progress)["ppl"]
+            state = setup()  # a context manager for the probes (oracle, k-means), else done already
+            with state if isinstance(state, contextlib.AbstractContextManager) else contextlib.nullcontext():
+                row = evaluate(t, name, m, tests, budget)
+            if name in dropped:
+                row["distant_dropped"] = dropped[name]
             rows.append(row)
             if progress:
                 print({k: v for k, v in row.items() if k != "passkey"} | {"passkey": row["passkey"]["accuracy"]},
@@ -143,6 +190,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
            "passkey": {"depths": list(passkey_depths), "per_depth": passkey_per_depth,
                        "filler": corpora.get("ood", data)},
            "repeat": {"n": repeat_n, "distance": repeat_distance}, "results": rows}
+    if recall_rows:
+        doc["recall"] = recall_rows
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "long_eval.json", doc)

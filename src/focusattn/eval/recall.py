@@ -23,14 +23,16 @@ from tqdm.auto import tqdm
 from ..kernels import recall as R
 
 
-def membership_at(router, h: torch.Tensor, k: int) -> torch.Tensor:
-    """``router``'s hard top-``k`` membership of layer input ``h``, whatever top-k its config serves."""
+def served_keep(router, h: torch.Tensor, k: int) -> R.KeepFn:
+    """The distant pairs ``router`` serves at hard top-``k`` on layer input ``h`` (whatever top-k its config
+    serves): a shared group, or a global key."""
     old = router.cfg
     router.cfg = dataclasses.replace(old, top_k=k)
     try:
-        return router(h).membership
+        routing = router(h)
     finally:
         router.cfg = old
+    return R.shared_group_keep(routing.membership, global_keys=routing.global_keys)
 
 
 @torch.no_grad()
@@ -53,11 +55,11 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
     def per_layer(layer, module, h, q, k, scale, softcap):
         masks, oracle_of = {}, []
         for kk in top_ks:
-            masks[f"top{kk}"] = R.shared_group_keep(membership_at(own[layer], h, kk))
+            masks[f"top{kk}"] = served_keep(own[layer], h, kk)
             if oracle:
                 oracle_of.append(f"top{kk}")
             for n, rs in other.items():
-                masks[f"{n}@top{kk}"] = R.shared_group_keep(membership_at(rs[layer], h, kk))
+                masks[f"{n}@top{kk}"] = served_keep(rs[layer], h, kk)
             if kmeans:
                 mq, mk = R.kmeans_key_routing(q, k, cfg.num_groups, R.kmeans_query_top(cfg.num_groups, kk))
                 masks[f"kmeans@top{kk}"] = R.shared_group_keep(mq, mk)

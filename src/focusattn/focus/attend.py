@@ -10,6 +10,15 @@ from .config import FocusConfig
 from .router import Routing
 
 
+def served_sinks(routing: Routing, cfg: FocusConfig, tk: int, key_padding_mask=None, device=None):
+    """The kernels' ``sink`` argument for this routing: the first ``cfg.sink_tokens`` real tokens (an int), or, when
+    the router chose global keys, those and the first tokens as one key mask [B, Tk]."""
+    if routing.global_keys is None:
+        return cfg.sink_tokens
+    first = sink_key_mask(tk, cfg.sink_tokens, key_padding_mask, device)
+    return routing.global_keys if first is None else routing.global_keys | first
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -30,12 +39,13 @@ def attend(
     sparse kernels handle padding without one; ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a
     decode step skip scanning every key's groups.
     """
+    sink = served_sinks(routing, cfg, k.shape[2], key_padding_mask, q.device)
     if routing.membership is None:  # soft: every pair kept, distant ones gated by group affinity
         if key_padding_mask is not None and allowed is None:
             allowed = key_padding_mask[:, None, None, :]
-        sinks = sink_key_mask(k.shape[2], cfg.sink_tokens, key_padding_mask, q.device)
+        sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
                                     gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks)
-    return focus_attention(q, k, v, routing.membership, cfg.window, sink=cfg.sink_tokens, scale=scale,  # hard
+    return focus_attention(q, k, v, routing.membership, cfg.window, sink=sink, scale=scale,  # hard
                            softcap=softcap, key_padding_mask=key_padding_mask, allowed=allowed, backend=cfg.backend,
                            group_index=group_index)

@@ -30,6 +30,9 @@ class FocusConfig:
         tokens the per-group offsets are re-estimated by Sinkhorn over the sequence's *own earlier* tokens, so groups
         stay balanced on text unlike the training corpus while a token's group still never depends on later tokens.
         0 = the offsets learned in training only. See README "Design decisions" for the measurement.
+    global_rate: the share of tokens a learned scorer makes *global keys* (not in the paper): visible to every later
+        query, like the sinks, chosen by each key's own layer input (causal). Measured reason: in SmolLM2 a few
+        keys hold most of the attention paid beyond the window (docs/RESULTS.md, attention recall). 0 = off.
     """
 
     num_groups: int = 8
@@ -46,6 +49,7 @@ class FocusConfig:
     backend: str = "auto"
     sink_tokens: int = 1
     rebalance: int = 0
+    global_rate: float = 0.0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -79,6 +83,12 @@ class FocusConfig:
             bad("sink_tokens", "an integer >= 0")
         if isinstance(self.rebalance, bool) or not isinstance(self.rebalance, int) or self.rebalance < 0:
             bad("rebalance", "an integer >= 0 (tokens between re-estimates; 0 = off)")
+        if isinstance(self.global_rate, bool) or not isinstance(self.global_rate, (int, float)) \
+                or not 0.0 <= self.global_rate < 1.0:
+            bad("global_rate", "a float in [0, 1) (share of tokens made global keys; 0 = off)")
+        if self.global_rate and self.routing != "causal":
+            bad("global_rate", f"0 with routing={self.routing!r} (the global-key threshold is learned like the causal "
+                "offsets)")
         if self.rebalance and self.routing != "causal":
             bad("rebalance", f"0 with routing={self.routing!r} (online rebalancing is a form of causal routing)")
 

@@ -56,13 +56,16 @@ def oracle_keep(pbar: torch.Tensor, distant: torch.Tensor, budget: torch.Tensor)
     return keep & distant
 
 
-def shared_group_keep(membership_q: torch.Tensor, membership_k: torch.Tensor | None = None) -> KeepFn:
-    """The Focus rule as a :data:`KeepFn`: query ``i`` keeps key ``j`` iff they share a group. ``membership_q``
-    ``[B, T, K]`` bool is the queries' groups, ``membership_k`` the keys' (default: the same, the paper's symmetric
-    routing)."""
+def shared_group_keep(membership_q: torch.Tensor, membership_k: torch.Tensor | None = None, *,
+                      global_keys: torch.Tensor | None = None) -> KeepFn:
+    """The Focus rule as a :data:`KeepFn`: query ``i`` keeps key ``j`` iff they share a group (or ``j`` is a global
+    key, ``global_keys`` [B, T] bool). ``membership_q`` ``[B, T, K]`` bool is the queries' groups, ``membership_k``
+    the keys' (default: the same, the paper's symmetric routing)."""
     mk = (membership_q if membership_k is None else membership_k).float()
     mq = membership_q.float()
-    return lambda r0, r1: torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0
+    if global_keys is None:
+        return lambda r0, r1: torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0
+    return lambda r0, r1: (torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0) | global_keys[:, None, :]
 
 
 def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, window: int, sink: int,

@@ -9,6 +9,7 @@ from ..kernels.soft import GATES
 from .._cli_common import HelpFormatter, set_threads
 from ..analysis.report import retrofit_table
 from . import dist
+from .objectives import OBJECTIVES
 from .retrofit import METHODS, RetrofitConfig, retrofit
 
 
@@ -35,13 +36,16 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rebalance", type=int, default=d.rebalance,
                    help="causal online rebalancing: re-estimate the group offsets from the sequence's own earlier "
                         "tokens every N tokens (0 = the offsets learned in training only)")
+    g.add_argument("--global-rate", type=float, default=d.global_rate,
+                   help="share of tokens the router makes global keys, visible to every later query (chosen by "
+                        "each key's own layer input; trained by --objective attention); 0 = off")
 
 
 def focus_from_args(a) -> FocusConfig:
     return FocusConfig(num_groups=a.groups, group_dim=a.group_dim, window=a.window, tau=a.tau,
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
                        routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens,
-                       rebalance=a.rebalance)
+                       rebalance=a.rebalance, global_rate=a.global_rate)
 
 
 def _retrofit(a) -> int:
@@ -53,7 +57,7 @@ def _retrofit(a) -> int:
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume, fsdp=a.fsdp,
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
-        repeat_prob=a.repeat_prob,
+        repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
         focus=focus_from_args(a),
     )
     set_threads(a.threads)
@@ -97,6 +101,14 @@ def register(sub) -> None:
                    help="anneal the gate sharpness lambda geometrically to this value (train for the hard mask)")
     p.add_argument("--distill", type=float, default=d.distill,
                    help="weight of distillation from the original model: loss = (1-d) LM + d KL(original || focus)")
+    p.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
+                   help="lm: the LM loss (with --distill); attention: each router against its own layer's attention "
+                        "in the frozen model (one no-grad forward a batch, no backward through the model)")
+    p.add_argument("--attn-keys", type=int, default=d.attn_keys,
+                   help="--objective attention: the most attended distant keys per query that make the target")
+    p.add_argument("--pool", type=int, default=d.pool,
+                   help="train on this many fixed windows, reused step after step (attention targets computed once "
+                        "each); 0 = fresh windows every step")
     p.add_argument("--repeat-prob", type=float, default=d.repeat_prob,
                    help="share of training windows whose second half repeats the first (long-range copying)")
     p.add_argument("--init-adapter", default=d.init_adapter,

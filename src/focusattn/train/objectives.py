@@ -13,6 +13,10 @@ attended distant keys, renormalised) to the routing's normalised affinity over t
 ``a_ij / sum_j' a_ij'`` with ``a_ij = g_i . g_j`` the probability that two soft assignments share a group. Sharing
 a group with every distant key is as bad as sharing it with none, so the loss itself asks for groups, and queries
 count by their distant mass (a query that attends locally needs nothing from its groups).
+
+With global keys (``FocusConfig.global_rate``) the scorer is trained to pick the keys whose mean distant attention
+from the queries after them (their *attraction*) is in the top ``global_rate`` share of the window (binary
+cross-entropy), and the group loss leaves out the keys the scorer already makes global: groups serve the rest.
 """
 from __future__ import annotations
 
@@ -32,13 +36,17 @@ EPS = 1e-9
 class LayerTargets:
     """One layer's targets for a batch: ``h`` [B, T, d] its input (bf16 to halve a pool's memory), ``idx`` [B, T, M]
     the most attended distant keys (-1 = none), ``weight`` [B, T, M] their head-mean probability, ``mass`` [B, T]
-    the query's whole distant mass."""
+    the query's whole distant mass, ``attraction`` [B, T] a key's mean distant attention over the queries that see
+    it as distant (NaN for keys with fewer than ``MIN_SEEN`` such queries: no label)."""
 
     h: torch.Tensor
     idx: torch.Tensor
     weight: torch.Tensor
     mass: torch.Tensor
+    attraction: torch.Tensor | None = None
 
+
+MIN_SEEN = 32  # queries a key must be distant to before its attraction is a label
 
 def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, softcap=None) -> LayerTargets:
     """Targets of one layer from its input and q/k (no gradient), rows in chunks."""
@@ -47,15 +55,20 @@ def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, so
     idx = torch.full((b, t, m), -1, dtype=torch.int32)
     weight = torch.zeros(b, t, m)
     mass = torch.zeros(b, t)
+    cols = torch.zeros(b, t, dtype=torch.float64)
     for r0 in range(0, t, R.ROWS):
         r1 = min(t, r0 + R.ROWS)
         _, _, distant = R.pair_kinds(r0, r1, t, window, sink, q.device)
         p = R.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap).mean(1) * distant
         mass[:, r0:r1] = p.sum(-1).cpu()
+        cols += p.sum(1).double().cpu()
         vals, ix = p.topk(m, dim=-1)
         weight[:, r0:r1] = vals.cpu()
         idx[:, r0:r1] = torch.where(vals > 0, ix, -1).to(torch.int32).cpu()
-    return LayerTargets(h.detach().to(torch.bfloat16).cpu(), idx, weight, mass)
+    seen = (t - torch.arange(t) - window - 1).clamp_min(0).double()  # queries to which key j is distant
+    seen[:sink] = 0  # sinks are always kept: no label
+    attraction = torch.where(seen >= MIN_SEEN, cols / seen.clamp_min(1), torch.nan).float()
+    return LayerTargets(h.detach().to(torch.bfloat16).cpu(), idx, weight, mass, attraction)
 
 
 @torch.no_grad()
@@ -87,14 +100,33 @@ def distant_sums(groups: torch.Tensor, window: int, sink: int) -> torch.Tensor:
     return s * (hi > lo).to(s.dtype)[None, :, None]
 
 
-def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int, sink: int):
+def global_key_loss(logits: torch.Tensor, tg: LayerTargets, rate: float) -> torch.Tensor:
+    """Binary cross-entropy of the global-key scorer's ``logits`` [B, T] against "attraction in the top ``rate``
+    share of this window's labelled keys"."""
+    a = tg.attraction.to(logits.device)
+    ok = torch.isfinite(a)
+    if not bool(ok.any()):
+        return logits.sum() * 0
+    thr = torch.quantile(a[ok], 1 - rate)
+    label = (a >= thr).float()
+    return F.binary_cross_entropy_with_logits(logits[ok], label[ok])
+
+
+def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int, sink: int,
+                          global_keys: torch.Tensor | None = None):
     """``(loss, kept)``: the mass-weighted cross-entropy of the module docstring for soft ``groups`` [B, T, K]
     (gradient flows to them), and the share of the targets' mass that hard top-1 of ``groups`` keeps (no gradient;
-    what the served top-1 mask would keep of these keys)."""
+    what the served top-1 mask would keep of these keys, the global keys counted as kept). ``global_keys`` [B, T]:
+    keys kept anyway, left out of the group loss."""
     idx = tg.idx.to(groups.device).long()
     valid = idx >= 0
-    gj = torch.gather(groups[:, None].expand(-1, idx.shape[1], -1, -1), 2,
-                      idx.clamp_min(0)[..., None].expand(-1, -1, -1, groups.shape[-1]))  # [B, T, M, K]
+    is_global = None
+    if global_keys is not None:
+        is_global = global_keys[torch.arange(idx.shape[0], device=idx.device)[:, None, None], idx.clamp_min(0)] \
+            & valid
+        valid = valid & ~is_global
+    rows = torch.arange(groups.shape[0], device=groups.device)[:, None, None]
+    gj = groups[rows, idx.clamp_min(0)]  # [B, T, M, K]; its backward scatters into [B, T, K], nothing T x T
     aff = (groups[:, :, None, :] * gj).sum(-1)
     w = tg.weight.to(groups.device) * valid
     w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
@@ -104,8 +136,11 @@ def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int
     loss = (mass * ce).sum() / mass.sum().clamp_min(EPS)
     with torch.no_grad():
         top = groups.argmax(-1)
-        same = (torch.gather(top[:, None].expand(-1, idx.shape[1], -1), 2, idx.clamp_min(0)) == top[..., None])
-        kept = float((w * same).sum() / w.sum().clamp_min(EPS))
+        same = top[torch.arange(idx.shape[0], device=idx.device)[:, None, None], idx.clamp_min(0)] == top[..., None]
+        w_all = tg.weight.to(groups.device) * (idx >= 0)
+        if is_global is not None:
+            same = same | is_global
+        kept = float((w_all * same).sum() / w_all.sum().clamp_min(EPS))
     return loss, kept
 
 
@@ -130,15 +165,22 @@ class AttentionObjective:
         return self.memo[key]
 
     def __call__(self, x: torch.Tensor):
-        losses, kept = [], []
+        losses, kept, glob = [], [], []
         device = next(self.routers[0].parameters()).device
         for r, tg in zip(self.routers, self.targets(x)):
-            groups = r(tg.h.to(device=device, dtype=torch.float32)).groups
-            loss, k = router_attention_loss(groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens)
+            routing = r(tg.h.to(device=device, dtype=torch.float32))
+            loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
+                                            global_keys=routing.global_keys)
             losses.append(loss)
             kept.append(k)
+            if routing.global_logits is not None:
+                glob.append(global_key_loss(routing.global_logits, tg, self.cfg.global_rate))
         attn = torch.stack(losses).mean()
         bal = torch.stack([r.balance for r in self.routers]).mean()
-        logs = {"loss": attn.item(), "attn_ce": attn.item(), "balance": bal.item(),
-                "kept_top1": sum(kept) / len(kept)}
-        return attn + self.balance_loss * bal, logs
+        logs = {"attn_ce": attn.item(), "balance": bal.item(), "kept_top1": sum(kept) / len(kept)}
+        total = attn + self.balance_loss * bal
+        if glob:
+            g = torch.stack(glob).mean()
+            logs["global_bce"] = g.item()
+            total = total + g
+        return total, {"loss": total.item(), **logs}

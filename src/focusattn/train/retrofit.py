@@ -261,7 +261,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if lora:
             return common
         # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
-        for key in ("kl", "attn_ce", "kept_top1"):
+        for key in ("kl", "attn_ce", "kept_top1", "global_bce"):
             if key in rec:
                 common[key] = rec[key]
         return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
