@@ -12,6 +12,7 @@ from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .pareto import plot_pareto, render_pareto
+from .recall_report import recall_section
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -78,6 +79,13 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                                 plot_link="results/pareto.png" if (d / "pareto.png").exists() else None), ""]
     else:
         parts.append("_Not yet measured (`long_eval*.json` absent)._\n")
+    if any(doc.get("recall") for doc in long_docs):
+        parts += ["### Attention recall: what each mask keeps of the original model's attention\n",
+                  "Measured with the frozen model's own attention probabilities on held-out windows "
+                  "(`eval/recall.py`): a mask's share of the attention on *distant* keys (beyond the window and "
+                  "the sinks) that it removes, against the oracle that keeps as many distant keys per query, the "
+                  "most attended ones. The oracle says how much of a quality gap is the budget and how much is "
+                  "the routing.\n", recall_section(long_docs, d), ""]
     if (d / "rebalance_probe.json").exists():
         parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
             _load(d / "rebalance_probe.json")), ""]

@@ -1,0 +1,78 @@
+"""Attention recall in RESULTS: what each served mask keeps of the original model's attention beyond the window,
+against the oracle at the same budget (the ``recall`` rows of ``long_eval*.json``), and a per-layer plot."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._io import pyplot
+from .pareto import _adapter_name
+
+
+def _order(name: str) -> tuple:
+    base, _, k = name.partition("@")
+    top = k or base
+    kind = {"top": 0, "oracle": 1, "sliding": 2, "kmeans": 3, "random": 4, "untrained": 5}
+    return (top, kind.get(base.rstrip("0123456789") if not k else base, 9), name)
+
+
+def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = None) -> str:
+    """One table per adapter, length and split: share of attention on local / sink / distant keys (original model,
+    head mean) and, per mask, the distant mass it drops, the distant keys it keeps per query and its drop over the
+    oracle's at the same budget."""
+    out = []
+    for d in long_docs:
+        for rec in d.get("recall", []):
+            o = rec["overall"]
+            sh = o["share"]
+            out += [f"**{_adapter_name(d)}**, T = {rec['T']}, {rec['split']} ({d['corpora'][rec['split']]}, "
+                    f"{rec['windows']} windows): the original model puts {100 * sh['local']:.0f}% of its attention "
+                    f"on the window, {100 * sh['sink']:.0f}% on the sink and {100 * sh['distant']:.0f}% on distant "
+                    "keys (mean over layers and heads).", "",
+                    "| mask | distant attention dropped | distant keys kept per query | dropped / oracle's |",
+                    "|---|---|---|---|"]
+            for name in sorted(o["masks"], key=_order):
+                m = o["masks"][name]
+                vs = m.get("vs_oracle")
+                out.append(f"| {name} | {100 * m['dropped_distant']:.1f}% | {m['keys_per_query']:.0f} | "
+                           f"{'—' if vs is None or name.startswith('oracle') else f'{vs:.2f}×'} |")
+            out.append("")
+            link = (plot_links or {}).get(f"{_adapter_name(d)}:{rec['T']}:{rec['split']}")
+            if link:
+                out += [f"![recall per layer]({link})", ""]
+    if long_docs and any(d.get("command") for d in long_docs if d.get("recall")):
+        out += ["Commands:", ""] + [f"- `{d['command']}`" for d in long_docs if d.get("recall") and d.get("command")]
+    return "\n".join(out) if out else "_Not yet measured (`long-eval --recall-windows`)._"
+
+
+def plot_recall_layers(rec: dict, path, title: str = "") -> None:
+    """Distant attention dropped per layer, for every mask of one recall row."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    names = sorted(rec["layers"][0]["masks"], key=_order)
+    for name in names:
+        ys = [100 * lay["masks"][name]["dropped_distant"] for lay in rec["layers"]]
+        ax.plot(range(len(ys)), ys, marker="o" if name.startswith("top") else ".", lw=1.2, label=name,
+                ls="--" if name.startswith("oracle") else "-")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("distant attention dropped (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def recall_section(long_docs: list[dict], results_dir: Path) -> str:
+    """The RESULTS section: plots written beside the JSON (one per adapter and length, the first split), tables."""
+    links = {}
+    for i, d in enumerate(long_docs):
+        seen = set()
+        for rec in d.get("recall", []):
+            if rec["T"] in seen:
+                continue
+            seen.add(rec["T"])
+            png = f"recall_{i}_{rec['T']}_{rec['split']}.png"
+            plot_recall_layers(rec, results_dir / png, f"{_adapter_name(d)}, T={rec['T']}, {rec['split']}")
+            links[f"{_adapter_name(d)}:{rec['T']}:{rec['split']}"] = f"results/{png}"
+    return render_recall(long_docs, plot_links=links)

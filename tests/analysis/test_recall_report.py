@@ -1,0 +1,26 @@
+"""The recall section of RESULTS renders from long-eval JSON (tables, ratios to the oracle, per-layer plot)."""
+import numpy as np
+
+import focusattn as fa
+from focusattn.analysis.recall_report import recall_section, render_recall
+from focusattn.eval.recall import measure_recall
+from tests.conftest import tiny_model
+
+
+def _doc():
+    focus = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, group_dim=8, window=3)).eval()
+    rec = measure_recall(focus, np.random.default_rng(0).integers(0, 90, (1, 30)), top_ks=(1,), progress=False)
+    return {"adapter": "runs/x/adapter", "focus_config": {"rebalance": 0}, "corpora": {"domain": "tiny"},
+            "command": "focusattn long-eval --adapter runs/x/adapter --recall-windows 1",
+            "recall": [{"T": 30, "split": "domain", **rec}]}
+
+
+def test_recall_tables_and_plot(tmp_path):
+    doc = _doc()
+    text = recall_section([doc], tmp_path)
+    assert "**x**, T = 30, domain (tiny, 1 windows)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| top1 ") or line.startswith("| oracle@top1 ")]
+    assert len(rows) == 2 and rows[0].split("|")[4].strip().endswith("×") and rows[1].split("|")[4].strip() == "—"
+    assert (tmp_path / "recall_0_30_domain.png").stat().st_size > 0
+    assert "focusattn long-eval --adapter runs/x/adapter" in text
+    assert "Not yet measured" in render_recall([{"adapter": "a", "results": []}])
