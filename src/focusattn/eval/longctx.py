@@ -100,10 +100,11 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
 
     others = {}
     if "random" in baselines:
-        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random", rebalance=0))
-    if "untrained" in baselines:
+        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random", rebalance=0,
+                                                                             global_rate=0.0))
+    if "untrained" in baselines:  # groups only: an untrained global-key scorer has no threshold to serve
         torch.manual_seed(0)
-        others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None))
+        others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None, global_rate=0.0))
 
     def all_variants(t: int, budget: dict):
         """(name, model, setup) triples for length ``t``; ``setup()`` puts the model in that variant's state."""
