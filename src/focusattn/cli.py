@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 
@@ -31,9 +32,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Arguments whose path a command writes into its results (``"adapter": str(...)``, a run's adapter folder).
+RECORDED_PATHS = ("out", "adapter", "init_adapter", "routing_file", "first_phase", "long_eval", "model_bench")
+
+
+def checkout_relative(value: str, root: str | None = None) -> str:
+    """A path inside the working directory (the checkout), written relative to it: recorded commands and result
+    JSON then run as written on any clone. ``--flag=PATH`` and ``name=PATH`` keep their prefix; anything else is
+    returned unchanged."""
+    root = os.path.join(os.path.abspath(root or os.getcwd()), "")
+    head, sep, tail = value.partition("=" + root)
+    if sep:  # --out=/checkout/runs/x, name=/checkout/runs/x
+        return head + "=" + os.path.relpath(root + tail, root)
+    return os.path.relpath(value, root) if value.startswith(root) else value
+
+
+def record_relative(args: argparse.Namespace, argv: list[str]) -> None:
+    """``args.command_line`` (the command as typed) and the path arguments results record, checkout-relative."""
+    args.command_line = "focusattn " + shlex.join(checkout_relative(a) for a in argv)
+    for name in RECORDED_PATHS:
+        v = getattr(args, name, None)
+        if isinstance(v, str):
+            setattr(args, name, checkout_relative(v))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.command_line = "focusattn " + shlex.join(sys.argv[1:] if argv is None else argv)  # recorded in results
+    record_relative(args, sys.argv[1:] if argv is None else argv)  # recorded in results: runs/..., not /home/...
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     for noisy in ("transformers", "httpx", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)

@@ -2,7 +2,9 @@
 every trained adapter, its top-k settings, the original model and the training-free baselines.
 
 Inputs are the JSON written by ``focusattn long-eval`` (``long_eval*.json``) and ``focusattn bench-model``
-(``model_bench*.json``); nothing is typed by hand. Speed is read at the longest length both measured.
+(``model_bench*.json``); nothing is typed by hand. Speed is read at the longest length a bench measured.
+``render_decision_table`` is README's compact table (the shipped adapters and the baselines at their budget),
+``render_pareto`` the full one in RESULTS (every adapter, length and command), ``plot_pareto`` the picture of the former.
 """
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from .._io import pyplot
 
 
 def _adapter_name(doc: dict) -> str:
-    """A shipped name as is; a folder by its name (a retrofit run's ``RUN/adapter`` by the run's name); ``+rebalance N``
-    when the run served the adapter with online rebalancing."""
+    """One name per adapter configuration: a shipped adapter by its name, a run's adapter by its folder as recorded
+    (``runs/e2e/k16``: a retrofit run's ``RUN/adapter`` by the run folder; an absolute path by the folder's name), and
+    ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``)."""
     p = Path(doc["adapter"])
-    name = p.parent.name if p.name == "adapter" else p.name
+    p = p.parent if p.name == "adapter" else p
+    name = p.name if p.is_absolute() else p.as_posix()
     rb = (doc.get("focus_config") or {}).get("rebalance") or 0
-    return f"{name} +rebalance {rb}" if rb else name
+    return f"{name} +rebalance {rb}" if rb and "--rebalance" in (doc.get("command") or "") else name
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
@@ -37,7 +41,14 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
             row = merged.setdefault(key, {"adapter": key[0], "K": None if v == "original" else k_groups,
                                           "variant": v, "by_T": {}, "_name": name})
             row["by_T"].setdefault(r["T"], r)
-    rows = sorted(merged.values(), key=lambda r: (r["variant"] != "original", r["adapter"]))
+
+    def order(r):  # the original; then per adapter: soft, top-1 and the baselines at its budget, top-2 and its ...
+        v = r["variant"]
+        base, _, k = v.partition("@")
+        k = k or base
+        return (v != "original", r["adapter"], v != "soft", int(k[3:]) if k[3:].isdigit() else 0, "@" in v,
+                list(BASELINES).index(base) if base in BASELINES else len(BASELINES), v)
+    rows = sorted(merged.values(), key=order)
     for row in rows:
         sp = speed.get((row["_name"], row["variant"]))
         if row["variant"] == "original":  # the baseline of every bench run: 1x by definition, if any was run
@@ -61,7 +72,8 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     rec_t = sorted({t for r in rows for t, x in r["by_T"].items() if "distant_dropped" in x})
     head += [f"distant attention dropped T={t}" for t in rec_t]
     head += [f"repeat-copy ppl T={t}" for t in lengths] + [f"passkey T={t}" for t in lengths]
-    head += [f"pairs kept T={lengths[-1]}", "prefill ×", "decode ×"]
+    kept_t = _quality_length(rows)
+    head += [f"pairs kept T={kept_t}", "prefill ×", "decode ×"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["adapter"], r["variant"]]
@@ -76,7 +88,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
                          " / ".join(f"{100 * dd[s]:.0f}%" for s in ("domain", "ood") if s in dd))
         cells += [_f(r["by_T"].get(t, {}).get("repeat_ppl")) for t in lengths]
         cells += [_f((r["by_T"].get(t) or {}).get("passkey", {}).get("accuracy")) for t in lengths]
-        kept = r["by_T"].get(lengths[-1], {}).get("budget_pairs_kept")
+        kept = r["by_T"].get(kept_t, {}).get("budget_pairs_kept")
         cells.append("100%" if r["variant"] == "original" else ("—" if kept is None else f"{100 * kept:.0f}%"))
         cells += [("—" if r["prefill_x"] is None else f"{r['prefill_x']:.2f}×"),
                   ("—" if r["decode_x"] is None else f"{r['decode_x']:.2f}×")]
@@ -84,10 +96,13 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     speed_t = sorted({r["speed_T"] for r in rows if r["speed_T"]})
     notes = [f"Speed-ups: whole model against the original in the same `bench-model` run at T={speed_t}; "
              "— = not measured. Passkey: accuracy over depths (teacher-forced greedy = what greedy decoding answers). Sliding, random "
-             "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length; k-means and oracle "
-             "rows keep as many distant keys per query as the adapter's top-k (k-means: the matching share of its "
-             "clusters). Distant attention dropped: the share of the original model's attention on keys beyond the "
-             "window and sinks that the mask removes (domain / OOD, `long-eval --recall-windows`)."]
+             "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length."]
+    if any(r["variant"].startswith(("kmeans@", "oracle@")) for r in rows):
+        notes[0] += (" K-means and oracle rows keep as many distant keys per query as the adapter's top-k (k-means: "
+                     "the matching share of its clusters).")
+    if rec_t:
+        notes[0] += (" Distant attention dropped: the share of the original model's attention on keys beyond the "
+                     "window and sinks that the mask removes (domain / OOD, `long-eval --recall-windows`).")
     cmds = [f"- `{d['command']}`" for d in long_docs + bench_docs if d.get("command")]
     out = "\n".join(lines + ["", *notes, "", "Commands:", "", *cmds])
     if plot_link:
@@ -95,28 +110,210 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     return out
 
 
-def plot_pareto(long_docs: list[dict], bench_docs: list[dict], path) -> None:
-    """Quality loss vs prefill speed-up: x = whole-model prefill speed-up, y = perplexity change (%) at the longest
-    perplexity length; marker = adapter/variant."""
-    rows = pareto_rows(long_docs, bench_docs)
+# Training-free baselines at the adapter's budget (``NAME@topK`` variants of long-eval), in table order.
+BASELINES = {"oracle": "oracle: the most-attended keys", "sliding": "sliding window + sinks",
+             "kmeans": "k-means keys", "random": "random groups", "untrained": "untrained router"}
+
+
+def _shipped() -> set[str]:
+    from ..adapters import shipped
+    return set(shipped())
+
+
+def _quality_length(rows: list[dict]) -> int:
+    """The length every row's perplexity was measured at: the longest one the original has it for."""
     base = next(r for r in rows if r["variant"] == "original")
-    ppl_t = max(t for t, x in base["by_T"].items() if "ppl_domain" in x)
+    ts = [t for t, x in base["by_T"].items() if "ppl_domain" in x] or list(base["by_T"])
+    return max(ts)
+
+
+def decision_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
+    """The README's rows: the original, then per shipped adapter (every adapter when none is shipped) each hard
+    top-k followed by the baselines measured at its budget. The soft gate (a training mode) is left out."""
+    names = list(dict.fromkeys(_adapter_name(d) for d in long_docs))
+    shipped = _shipped()
+    names = [n for n in names if n.split(" +")[0] in shipped] or names
+    # the original row as measured beside these adapters (same windows, passkey depths and repeats), then the rest
+    rows = pareto_rows(sorted(long_docs, key=lambda d: _adapter_name(d) not in names), bench_docs)
+    out = [r for r in rows if r["variant"] == "original"][:1]
+    for name in names:
+        mine = {r["variant"]: r for r in rows if r["adapter"] == name}
+        for k in sorted(int(v[3:]) for v in mine if v.startswith("top") and v[3:].isdigit()):
+            out.append(mine[f"top{k}"])
+            out += [mine[f"{b}@top{k}"] for b in BASELINES if f"{b}@top{k}" in mine]
+    return out
+
+
+def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full: str = "docs/RESULTS.md",
+                          plot_link: str | None = None) -> str:
+    """The one table a user decides from (README): per shipped configuration and per baseline at the same budget,
+    quality (perplexity change), retrieval (repeat-copy, passkey), attention recall and whole-model speed. One length
+    for quality, one for speed, both stated; a column nobody measured is left out. ``full``: where the table of every
+    adapter, length and command lives."""
+    rows = decision_rows(long_docs, bench_docs)
+    base = rows[0]
+    t = _quality_length(rows)
+    at = lambda r, key: r["by_T"].get(t, {}).get(key)  # noqa: E731
+    rec_t = sorted({tt for r in rows for tt, x in r["by_T"].items() if x.get("distant_dropped")})
+    rt = t if t in rec_t else (rec_t[-1] if rec_t else None)
+    speed_t = sorted({r["speed_T"] for r in rows if r["speed_T"]})
+
+    def label(r):
+        if r is base:
+            return "original model (full attention)"
+        v = r["variant"]
+        if "@" in v:
+            b, k = v.split("@")
+            return f"↳ {BASELINES.get(b, b)}, same budget"
+        return f"**{r['adapter']}** {v.replace('top', 'top-')}"
+
+    def ppl(r):
+        d, o = at(r, "ppl_domain"), at(r, "ppl_ood")
+        if r is base:
+            return " / ".join(_f(x) for x in (d, o))
+        bd, bo = at(base, "ppl_domain"), at(base, "ppl_ood")
+        pct = lambda x, b: "—" if x is None or b is None else f"{100 * (x / b - 1):+.1f}%"  # noqa: E731
+        return f"{pct(d, bd)} / {pct(o, bo)}"
+
+    def dropped(r):
+        if r is base:
+            return "0%"
+        dd = r["by_T"].get(rt, {}).get("distant_dropped") if rt else None
+        return "—" if not dd else " / ".join(f"{100 * dd[s]:.0f}%" for s in ("domain", "ood") if s in dd)
+
+    def passkey(r):
+        a = (at(r, "passkey") or {}).get("accuracy")
+        return "—" if a is None else f"{100 * a:.0f}%"
+
+    kept = lambda r: "100%" if r is base else ("—" if at(r, "budget_pairs_kept") is None  # noqa: E731
+                                               else f"{100 * at(r, 'budget_pairs_kept'):.0f}%")
+    times = lambda x: "—" if x is None else f"{x:.2f}×"  # noqa: E731
+    cols = [("configuration", label), (f"causal pairs kept (T={t})", kept),
+            (f"perplexity, domain / OOD (T={t}; Δ vs original)", ppl),
+            (f"repeat-copy ppl (T={t})", lambda r: _f(at(r, "repeat_ppl"))),
+            (f"passkey (T={t})", passkey),
+            (f"distant attention dropped (T={rt}; domain / OOD)", dropped),
+            (f"prefill × (T={'/'.join(map(str, speed_t))})", lambda r: times(r["prefill_x"])),
+            (f"decode × (T={'/'.join(map(str, speed_t))})", lambda r: times(r["decode_x"]))]
+    table = [[fn(r) for _, fn in cols] for r in rows]
+    keep = [j for j in range(len(cols)) if j == 0 or any(row[j] != "—" for row in table[1:])]
+    lines = ["| " + " | ".join(cols[j][0] for j in keep) + " |", "|" + "---|" * len(keep)]
+    lines += ["| " + " | ".join(row[j] for j in keep) + " |" for row in table]
+    notes = [f"Perplexity on held-out text at T = {t} (domain = the training corpus' held-out works, OOD = news), "
+             "repeat-copy = perplexity of a passage seen earlier (the original's is the floor), passkey = share of "
+             "hidden numbers retrieved; ↳ rows are training-free masks that keep the same share of causal pairs as "
+             "the top-k above them (not served, so not timed)."]
+    if speed_t:
+        notes[0] += (f" Speed: the whole model's prefill and one decode step against the original in the same "
+                     f"`focusattn bench-model` run at T = {'/'.join(map(str, speed_t))}.")
+    if rt:
+        notes[0] += (" Distant attention dropped: the share of the original model's attention on keys beyond the "
+                     "window and sinks that the mask removes.")
+    notes[0] += f" Every adapter, length and command: [{Path(full).name}]({full})."
+    out = "\n".join(lines + ["", *notes])
+    return out + (f"\n\n![quality against budget and speed]({plot_link})" if plot_link else "")
+
+
+def _kind(variant: str) -> str:
+    return variant.split("@")[0] if "@" in variant else "focus"
+
+
+def plot_pareto(long_docs: list[dict], bench_docs: list[dict], path) -> None:
+    """The README table's rows as a picture: perplexity change against cost. Left and middle: against the share of
+    causal pairs kept (the budget), so the baselines at the adapter's budget stand beside it, in domain and out of
+    domain; right: against the measured whole-model prefill and decode speed-up. Colour = adapter (baselines: one
+    colour and marker per kind); every label inside the frame."""
+    rows = decision_rows(long_docs, bench_docs)
+    base = rows[0]
+    t = _quality_length(rows)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, title in ((axes[0], "ppl_domain", "in domain"), (axes[1], "ppl_ood", "out of domain")):
-        for r in rows:
-            x = r["prefill_x"] if r["prefill_x"] is not None else (1.0 if r is base else None)
-            y = r["by_T"].get(ppl_t, {}).get(key)
-            if x is None or y is None:
-                continue
-            y = 100 * (y / base["by_T"][ppl_t][key] - 1)
-            ax.scatter([x], [y], s=40)
-            ax.annotate(f"{r['adapter']} {r['variant']}" if r is not base else "original", (x, y), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    adapters = list(dict.fromkeys(r["adapter"] for r in rows if r is not base))
+    colour = {a: c for a, c in zip(adapters, ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#d62728"] * 9)}
+    marks = {"oracle": ("*", "#7f7f7f"), "sliding": ("s", "#8c564b"), "kmeans": ("D", "#bcbd22"),
+             "random": ("X", "#17becf"), "untrained": ("v", "#e377c2")}
+
+    def delta(r, key):
+        x, b = r["by_T"].get(t, {}).get(key), base["by_T"].get(t, {}).get(key)
+        return None if x is None or b is None else 100 * (x / b - 1)
+
+    def frame(ax, pts):
+        """Limits with room for the labels (nothing drawn outside the frame); a label's side: towards the middle."""
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+        ax.set_xlim(min(xs) - 0.15 * dx, max(xs) + 0.15 * dx)
+        ax.set_ylim(min(ys) - 0.12 * dy, max(ys) + 0.15 * dy)
+        mid = (min(xs) + max(xs)) / 2
+        return lambda x: ((-8, 0), "right") if x > mid else ((8, 0), "left")
+
+    def label(ax, side, x, y, text, c):
+        off, ha = side(x)
+        ax.annotate(text, (x, y), xytext=off, textcoords="offset points", fontsize=8, color=c, ha=ha, va="center")
+
+    for ax, key, title in ((axes[0], "ppl_domain", "in domain"), (axes[1], "ppl_ood", "out of domain (news)")):
+        pts, texts = [(100.0, 0.0)], []
+        for a in adapters:
+            mine = [r for r in rows if r["adapter"] == a and delta(r, key) is not None
+                    and r["by_T"].get(t, {}).get("budget_pairs_kept") is not None]
+            focus = sorted((100 * r["by_T"][t]["budget_pairs_kept"], delta(r, key), r["variant"]) for r in mine
+                           if _kind(r["variant"]) == "focus")
+            if focus:
+                ax.plot([p[0] for p in focus], [p[1] for p in focus], "o-", color=colour[a], label=a, zorder=3)
+                texts += [(x, y, v.replace("top", "top-"), colour[a]) for x, y, v in focus]
+            for r in mine:
+                kind = _kind(r["variant"])
+                if kind != "focus":
+                    m, c = marks.get(kind, ("P", "#333333"))
+                    x, y = 100 * r["by_T"][t]["budget_pairs_kept"], delta(r, key)
+                    ax.scatter([x], [y], marker=m, color=c, s=50, zorder=2,
+                               label=BASELINES.get(kind, kind) + " (same budget)")
+                    pts.append((x, y))
+            pts += [(x, y) for x, y, _ in focus]
+        ax.scatter([100.0], [0.0], marker="o", color="black", s=45, zorder=3, label="original (full attention)")
+        side = frame(ax, pts)
+        for x, y, text, c in texts:
+            label(ax, side, x, y, text, c)
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xlabel("whole-model prefill speed-up vs original")
-        ax.set_ylabel(f"perplexity change at T={ppl_t} (%)")
-        ax.set_title(title)
-    fig.tight_layout()
+        ax.set_xlabel(f"causal pairs kept at T={t} (%)")
+        ax.set_ylabel(f"perplexity change vs original (%), T={t}")
+        ax.set_title(f"quality against budget, {title}")
+        ax.grid(alpha=0.3)
+    ax = axes[2]
+    timed = [r for r in rows if r is not base and r["prefill_x"] is not None and delta(r, "ppl_domain") is not None]
+    if timed:
+        pts = [(1.0, 0.0)]
+        for r in timed:
+            y, c = delta(r, "ppl_domain"), colour[r["adapter"]]
+            ax.plot([r["prefill_x"], r["decode_x"]], [y, y], color=c, lw=0.8, zorder=2)
+            ax.scatter([r["prefill_x"]], [y], marker="o", color=c, s=50, zorder=3)
+            ax.scatter([r["decode_x"]], [y], marker="^", facecolors="white", edgecolors=c, s=60, zorder=3)
+            pts += [(r["prefill_x"], y), (r["decode_x"], y)]
+        frame(ax, pts)
+        for r in timed:
+            y, c = delta(r, "ppl_domain"), colour[r["adapter"]]
+            ax.annotate(r["variant"].replace("top", "top-"), ((r["prefill_x"] + r["decode_x"]) / 2, y),
+                        xytext=(0, 7), textcoords="offset points", fontsize=8, color=c, ha="center")
+        ax.scatter([1.0], [0.0], marker="o", color="black", s=45, zorder=3)
+        ax.scatter([], [], marker="o", color="grey", label="prefill")
+        ax.scatter([], [], marker="^", facecolors="white", edgecolors="grey", label="one decode step")
+        ax.legend(fontsize=8, loc="best")
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.axhline(0, color="grey", lw=0.8)
+        speed_t = "/".join(map(str, sorted({r["speed_T"] for r in timed})))
+        ax.set_xlabel(f"whole-model speed-up vs original, T={speed_t} (right = faster)")
+        ax.set_ylabel(f"perplexity change in domain (%), T={t}")
+        ax.set_title("quality against measured speed")
+        ax.grid(alpha=0.3)
+    else:
+        ax.text(0.5, 0.5, "whole-model speed not measured\n(focusattn bench-model)", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+    handles = {}
+    for a in axes[:2]:
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    ncol = min(4, len(handles))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.04 * -(-len(handles) // ncol), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
