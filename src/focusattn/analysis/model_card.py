@@ -59,12 +59,12 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     cfg = summary["config"]
     if rebalance is not None and cfg["focus"].get("rebalance") == rebalance:
         served = (f" Trained and shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`: "
-                  "groups stay balanced on text unlike the training corpus); `fa.update_config(model, rebalance=0)` "
+                  "groups stay balanced on text unlike the training corpus); `focusattn.hf.update_config(model, rebalance=0)` "
                   "serves the learned offsets alone.")
     elif rebalance is not None:
         served = (f" Shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`, an inference "
                   "setting not used in training: groups stay balanced on text unlike the training corpus); "
-                  "`fa.update_config(model, rebalance=0)` serves the learned offsets alone.")
+                  "`focusattn.hf.update_config(model, rebalance=0)` serves the learned offsets alone.")
     lines = [f"# {name}", "",
              f"A Focus adapter for `{cfg['model']}`: {summary['parameters']['router']:,} router parameters "
              f"({summary['parameters']['percent']:.2f}% of the model), every pretrained weight frozen.", "",
