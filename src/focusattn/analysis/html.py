@@ -51,7 +51,7 @@ h3{margin-bottom:6px} table{border-collapse:collapse;margin:8px 0 16px;font-size
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:right} th{background:#eef2f8} td:first-child,th:first-child{text-align:left}
 .muted{color:#666} .missing{background:#fff7e0;border-left:4px solid #e0a800;padding:8px 12px}
 code{background:#f3f3f3;padding:1px 4px;border-radius:3px} img{max-width:100%;height:auto}
-table.kv td{text-align:left} .up{color:#b00020} .down{color:#1b7f3b} nav a{margin-right:12px}
+table.kv td{text-align:left} table.text td,table.text th{text-align:left} .up{color:#b00020} .down{color:#1b7f3b} nav a{margin-right:12px}
 """
 
 
@@ -192,18 +192,20 @@ def sec_perplexity(runs: list[dict]) -> str:
     if with_s:
         plt = _plt()
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+        # one tick per mode any run has (runs evaluated at different top-k share the axis), bars side by side
+        labels = ["before"] + list(dict.fromkeys(k for r in with_s for k in _modes(r["summary"])))
         for ax, split in zip(axes, ("domain", "ood")):
             width = 0.8 / len(with_s)
             for i, r in enumerate(with_s):
                 s = r["summary"]
                 if split not in s["perplexity"]["after"]:
                     continue
-                labels = ["before"] + _modes(s)
                 vals = [s["perplexity"]["before"].get(split)] + [s["perplexity"]["after"][split].get(k)
                                                                  for k in labels[1:]]
-                ax.bar([j + i * width for j in range(len(labels))], [v or 0 for v in vals], width=width,
-                       label=r["name"])
-                ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels)
+                xs = [(j + i * width, v) for j, v in enumerate(vals) if v is not None]
+                ax.bar([x for x, _ in xs], [v for _, v in xs], width=width, label=r["name"])
+            ax.set_xticks([j + width * (len(with_s) - 1) / 2 for j in range(len(labels))],
+                          [k.replace("top", "top-") for k in labels])
             lows = [v for r in with_s for v in [r["summary"]["perplexity"]["before"].get(split)] if v]
             if lows:
                 ax.set_ylim(0.9 * min(lows), None)
@@ -225,6 +227,7 @@ def sec_pareto(runs: list[dict]) -> str:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, split in zip(axes, ("domain", "ood")):
+        labels = []
         for r in usable:
             s = r["summary"]
             if split not in s["perplexity"]["after"]:
@@ -234,7 +237,20 @@ def sec_pareto(runs: list[dict]) -> str:
             ys = [s["perplexity"]["after"][split][k] for k in ks] + [s["perplexity"]["before"][split]]
             line, = ax.plot(xs, ys, "o-", label=r["name"])
             for x, y, lab in zip(xs, ys, [k.replace("top", "top-") for k in ks] + ["full"]):
-                ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color=line.get_color())
+                labels.append((x, y, lab, line.get_color()))
+        # room for the labels inside the frame; a label sits on the side towards the middle, one line per run
+        if labels:
+            xs, ys = [p[0] for p in labels], [p[1] for p in labels]
+            dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+            ax.set_xlim(min(xs) - 0.12 * dx, max(xs) + 0.12 * dx)
+            ax.set_ylim(min(ys) - 0.1 * dy, max(ys) + 0.15 * dy)
+            mid = (min(xs) + max(xs)) / 2
+            placed: list[tuple] = []
+            for x, y, lab, c in labels:  # labels of points close together are stacked, not drawn over each other
+                n = sum(abs(x - px) < 0.06 * dx and abs(y - py) < 0.06 * dy for px, py in placed)
+                placed.append((x, y))
+                ax.annotate(lab, (x, y), textcoords="offset points", xytext=(-6 if x > mid else 6, 4 + 10 * n),
+                            ha="right" if x > mid else "left", fontsize=8, color=c)
         ax.set_xlabel("causal pairs kept (%)")
         ax.set_ylabel("perplexity")
         ax.set_title(f"{split}: cost vs quality (left/down is better)")
@@ -264,8 +280,9 @@ def sec_groups(runs: list[dict]) -> str:
         a1.plot(layers, [x["confidence"] for x in g], "s-", label="mean assignment confidence")
         a1.axhline(1 / k, color="k", ls="--", lw=1, label=f"balanced = 1/{k}")
         a1.set_xlabel("layer")
-        a1.set_ylim(0, 1)
-        a1.legend(fontsize=8)
+        a1.set_ylim(0, 1.3)  # the legend above the data (shares and confidences are at most 1)
+        a1.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        a1.legend(fontsize=7, loc="upper left", ncol=2)
         a1.set_title(f"{r['name']}: per-layer routing")
         if all("group_share" in x for x in g):
             import numpy as np
@@ -286,7 +303,7 @@ def sec_groups(runs: list[dict]) -> str:
         if gj and gj.get("top_tokens"):
             rows = [[_e(layer), f"G{i}", _e(" ".join(f"{t!r}×{c}" for t, c in toks[:8]))]
                     for layer, groups in gj["top_tokens"].items() for i, toks in enumerate(groups)]
-            out.append(_table(["layer", "group", "most frequent tokens"], rows))
+            out.append(_table(["layer", "group", "most frequent tokens"], rows, cls="text"))
     return "".join(out)
 
 
