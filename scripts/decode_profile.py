@@ -116,7 +116,7 @@ def main() -> None:
     doc = json.loads(out.read_text()) if out.exists() else {"schema": "focusattn.decode_profile/1", "runs": {}}
     doc["runs"][args.label] = {"revision": rev, "command": "python scripts/decode_profile.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()), "steps": args.steps, "torch": torch.__version__, "rows": rows}
+        for k, v in vars(args).items() if v is not None), "steps": args.steps, "torch": torch.__version__, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")

@@ -343,17 +343,22 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
         dec = [r for r in focus if 512 <= r["T"] <= 8192]
         t1 = [r for r in focus if r["variant"] == "top1" and r["T"] == 8192]
 
-        def verdict(rows, key, goal):
+        def verdict(rows, kind, goal):
             if not rows:
                 return "not measured"
-            worst = min(rows, key=lambda r: r[key])
-            ok = all(r[key] >= goal for r in rows)
-            return f"{'met' if ok else 'not met'} (worst {worst[key]:.2f}× at T={worst['T']} {worst['variant']})"
+            out = []
+            for key, what in ((f"{kind}_speedup", "wall"), (f"{kind}_cpu_speedup", "CPU")):
+                worst = min(rows, key=lambda r: r[key])
+                ok = all(r[key] >= goal for r in rows)
+                out.append(f"{what}: {'met' if ok else 'not met'} (worst {worst[key]:.2f}× at T={worst['T']} "
+                           f"{worst['variant']})")
+            return "; ".join(out)
 
-        parts += ["", "Targets (wall-clock ratios above; CPU-time ratios beside them):",
-                  f"- prefill ≥ 0.97× at every T 64–2048, top-1 and top-2: {verdict(pre, 'prefill_speedup', 0.97)}",
-                  f"- decode step ≥ 1.0× at every context 512–8192: {verdict(dec, 'decode_speedup', 1.0)}",
-                  f"- decode step ≥ 1.15× for top-1 at 8192: {verdict(t1, 'decode_speedup', 1.15)}", ""]
+        parts += ["", "Targets, from the wall-clock ratios and from the CPU-time ones (the machine is shared: where "
+                  "the two disagree, other jobs ran during one variant's turn):",
+                  f"- prefill ≥ 0.97× at every T 64–2048, top-1 and top-2: {verdict(pre, 'prefill', 0.97)}",
+                  f"- decode step ≥ 1.0× at every context 512–8192: {verdict(dec, 'decode', 1.0)}",
+                  f"- decode step ≥ 1.15× for top-1 at 8192: {verdict(t1, 'decode', 1.15)}", ""]
     else:
         parts.append("_Not yet measured (`short_model_bench.json` absent)._\n")
     dp = d / "decode_profile.json"
