@@ -81,6 +81,24 @@ def test_objective_memo_and_gradients_reach_only_the_routers():
     assert all(p.grad is None for n, p in model.named_parameters() if "focus_router" not in n)
 
 
+def test_targets_cache_on_disk_is_reused(tmp_path):
+    model = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, group_dim=8, window=3)).eval()
+    x = torch.randint(0, 90, (1, 20))
+    first = AttentionObjective(model, top_m=5, cache_dir=tmp_path).targets(x)
+    assert len(list(tmp_path.glob("*.pt"))) == 1 and not list(tmp_path.glob("*.tmp"))
+    again = AttentionObjective(model, top_m=5, cache_dir=tmp_path)
+    import focusattn.train.objectives as obj_mod
+
+    real, obj_mod.attention_targets = obj_mod.attention_targets, None  # a second capture would fail
+    try:
+        second = again.targets(x)
+    finally:
+        obj_mod.attention_targets = real
+    assert all(torch.equal(a.idx, b.idx) and torch.equal(a.h, b.h) for a, b in zip(first, second))
+    AttentionObjective(model, top_m=6, cache_dir=tmp_path).targets(x)  # another M: another entry
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+
+
 def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
     cfg = RetrofitConfig(model=str(tiny_dir / "model"), data=str(tiny_dir / "corpus"), ood_data=None,
                          out=str(tmp_path / "run"), steps=4, seq_len=48, eval_windows=1, eval_top_ks=(1,),

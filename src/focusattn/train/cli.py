@@ -58,6 +58,7 @@ def _retrofit(a) -> int:
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
         repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
+        targets_cache=a.targets_cache,
         focus=focus_from_args(a),
     )
     set_threads(a.threads)
@@ -106,6 +107,9 @@ def register(sub) -> None:
                         "in the frozen model (one no-grad forward a batch, no backward through the model)")
     p.add_argument("--attn-keys", type=int, default=d.attn_keys,
                    help="--objective attention: the most attended distant keys per query that make the target")
+    p.add_argument("--targets-cache", default=None,
+                   help="--objective attention: a folder keeping each window's targets (the frozen model's attention "
+                        "never changes), so later runs on the same windows skip the capture forwards")
     p.add_argument("--pool", type=int, default=d.pool,
                    help="train on this many fixed windows, reused step after step (attention targets computed once "
                         "each); 0 = fresh windows every step")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -149,20 +150,34 @@ class AttentionObjective:
     (memoised by the batch's tokens when ``pool``: the same windows come back, the frozen model's attention does
     not change), then every router's loss on its own layer, mean over layers, plus the balance loss."""
 
-    def __init__(self, model, *, top_m: int = 64, balance_loss: float = 0.0, memo: bool = False):
+    def __init__(self, model, *, top_m: int = 64, balance_loss: float = 0.0, memo: bool = False,
+                 cache_dir: str | Path | None = None):
         from ..hf import focus_config, routers
 
         self.model, self.top_m, self.balance_loss = model, top_m, balance_loss
         self.routers, self.cfg = routers(model), focus_config(model)
         self.memo: dict[str, list[LayerTargets]] | None = {} if memo else None
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
 
     def targets(self, x: torch.Tensor) -> list[LayerTargets]:
-        if self.memo is None:
-            return attention_targets(self.model, x, top_m=self.top_m)
-        key = hashlib.sha1(x.cpu().numpy().tobytes()).hexdigest()
-        if key not in self.memo:
-            self.memo[key] = attention_targets(self.model, x, top_m=self.top_m)
-        return self.memo[key]
+        """The batch's targets: memoised in memory, and on disk in ``cache_dir`` (keyed by the tokens, the model's
+        window/sink and ``top_m``), so other runs on the same windows skip the capture forwards."""
+        key = hashlib.sha1(x.cpu().numpy().tobytes() + repr((self.cfg.window, self.cfg.sink_tokens, self.top_m))
+                           .encode()).hexdigest()
+        if self.memo is not None and key in self.memo:
+            return self.memo[key]
+        path = None if self.cache_dir is None else self.cache_dir / f"{key}.pt"
+        if path is not None and path.exists():
+            tg = [LayerTargets(**d) for d in torch.load(path)]
+        else:
+            tg = attention_targets(self.model, x, top_m=self.top_m)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save([vars(t) for t in tg], path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)  # a crash never leaves a half-written file
+        if self.memo is not None:
+            self.memo[key] = tg
+        return tg
 
     def __call__(self, x: torch.Tensor):
         losses, kept, glob = [], [], []

@@ -66,6 +66,7 @@ class RetrofitConfig(TrainConfig):
     objective: str = "lm"  # "lm" (LM loss, with distill) or "attention" (each router against its layer's attention)
     attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
     pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
+    targets_cache: str | None = None  # objective "attention": a folder keeping each window's targets for other runs
     method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
     lora_rank: int = 8
     lora_alpha: float | None = None  # LoRA scale alpha / rank; None = 2 * rank
@@ -235,7 +236,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         return torch.as_tensor(x, dtype=torch.long, device=device)
 
     attention = None if lora or cfg.objective != "attention" else \
-        AttentionObjective(model, top_m=cfg.attn_keys, balance_loss=cfg.balance_loss, memo=cfg.pool > 0)
+        AttentionObjective(model, top_m=cfg.attn_keys, balance_loss=cfg.balance_loss, memo=cfg.pool > 0,
+                           cache_dir=cfg.targets_cache)
 
     def loss_of(x: torch.Tensor):
         if attention is not None:
