@@ -24,3 +24,12 @@ def test_recall_tables_and_plot(tmp_path):
     assert (tmp_path / "recall_0_30_domain.png").stat().st_size > 0
     assert "focusattn long-eval --adapter runs/x/adapter" in text
     assert "Not yet measured" in render_recall([{"adapter": "a", "results": []}])
+
+
+def test_global_keys_table():
+    from focusattn.analysis.recall_report import render_global_keys
+
+    doc = {"fractions": [0.01, 0.05], "T": 64, "window": 8, "sinks": 1, "command": "python scripts/x.py --out y",
+           "corpora": {"a": {"distant_share": 0.25, "held": [0.5, 0.6]}}}
+    text = render_global_keys(doc)
+    assert "| a | 25% | 50% | 60% |" in text and "held by top 1% of keys" in text and "scripts/x.py" in text

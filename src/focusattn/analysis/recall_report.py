@@ -76,3 +76,16 @@ def recall_section(long_docs: list[dict], results_dir: Path) -> str:
             plot_recall_layers(rec, results_dir / png, f"{_adapter_name(d)}, T={rec['T']}, {rec['split']}")
             links[f"{_adapter_name(d)}:{rec['T']}:{rec['split']}"] = f"results/{png}"
     return render_recall(long_docs, plot_links=links)
+
+
+def render_global_keys(doc: dict) -> str:
+    """``scripts/global_keys_probe.py``'s table: per corpus, the share of attention on distant keys and what the top
+    keys (if visible to every query) hold of it."""
+    fr = doc["fractions"]
+    head = ["corpus", "attention on distant keys"] + [f"held by top {100 * f:g}% of keys" for f in fr]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in doc["corpora"].items():
+        lines.append(f"| {name} | {100 * c['distant_share']:.0f}% | "
+                     + " | ".join(f"{100 * x:.0f}%" for x in c["held"]) + " |")
+    return "\n".join(lines + ["", f"T = {doc['T']}, window {doc['window']}, {doc['sinks']} sink; distant mass "
+                              "weighted by layer. Command: `" + doc["command"] + "`"])

@@ -12,7 +12,7 @@ from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .pareto import plot_pareto, render_decision_table, render_pareto
-from .recall_report import recall_section
+from .recall_report import recall_section, render_global_keys
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -113,6 +113,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     # (json file, our heading or None, renderer, extra keyword arguments, plots)
     sections = [
         ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", sinks_markdown, {}, []),
+        ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
+         "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
         ("bench_64k.json", "### The 64K point (K=8, top-1; run separately for time)", bench_markdown,
          {"plot_link": "results/bench_64k.png"}, []),
@@ -311,7 +313,8 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
     """Issue 23 (never slower than the original): the dispatcher's break-evens (``dispatch_bench.json``), the whole
     model at short contexts with the branches it took (``short_model_bench.json``), a decode step per layer before
     and after (``decode_profile.json``) and the wall-clock of ``focusattn eval`` per mode
-    (``wallclock_eval_offline.json`` against the earlier ``eval_offline.json``); targets checked at render time."""
+    (``wallclock_eval_offline.json`` against the earlier ``eval_offline.json``) and the outputs with and without the
+    dispatcher (``dispatch_equivalence.json``); targets checked at render time."""
     from ..bench.dispatch import render_dispatch_markdown
 
     d = Path(results_dir)
@@ -394,15 +397,27 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
             parts.append(f"| {name} | " + " | ".join(
                 "—" if m not in e["seconds"] else f"{e['seconds'][m]:.0f} ({e['seconds'][m] / base:.2f}×)"
                 for m in new["seconds"]) + " |")
-        same = None
-        if old is not None:  # every metric of every (task, mode) both runs have, compared
-            o, n = old["results"], new["results"]
-            pairs = [(o[t][m][k]["value"], n[t][m][k]["value"]) for t in n if t in o for m in n[t] if m in o[t]
-                     for k in n[t][m] if k in o[t][m]]
-            same = max((abs(a - b) / max(abs(a), 1e-12) for a, b in pairs), default=None)
-        parts += ["", f"Commands: `{old.get('command') if old else '—'}` (before), `{new.get('command')}` (now). "
-                  + ("" if same is None else f"Largest relative change of any metric between the two runs: "
-                     f"{same:.2e}."), ""]
+        parts += ["", f"Commands: `{old.get('command') if old else '—'}` (before), `{new.get('command')}` (now). The "
+                  "accuracies of the two runs are not comparable evidence of exactness (the earlier run may predate "
+                  "a re-shipped adapter); that is the next table's job.", ""]
     else:
         parts.append("_Not yet measured (`wallclock_eval_offline.json` absent)._\n")
+    eq = d / "dispatch_equivalence.json"
+    parts.append("### Outputs with and without the dispatcher (`scripts/dispatch_equivalence.py`)\n")
+    if eq.exists():
+        e = _load(eq)
+        parts += [f"Command: `{e['command']}`. The same model, adapter and routing with `backend=\"auto\"` and with "
+                  "`backend=\"decomposed\"` (the sparse engines alone): largest difference of any log-probability "
+                  "over the sequence (prefill) or over the greedy decode steps after the prompt, and the branches "
+                  "`auto` took.", "",
+                  "| kind | top-k | T | max abs log-prob diff | argmax agreement / same tokens | auto branches |",
+                  "|---|---|---|---|---|---|"]
+        for r in e["rows"]:
+            agree = f"{r['argmax_agreement']:.3f}" if r["kind"] == "prefill" else str(r["same_tokens"])
+            brs = ", ".join(f"{k} {n}" for k, n in sorted(r["auto_branches"].items()))
+            parts.append(f"| {r['kind']} | {r['top_k']} | {r['T']} | {r['max_abs_logprob_diff']:.2e} | {agree} | "
+                         f"{brs} |")
+        parts.append("")
+    else:
+        parts.append("_Not yet measured (`dispatch_equivalence.json` absent)._\n")
     return "\n".join(parts)
