@@ -18,7 +18,7 @@ def _doc():
 def test_recall_tables_and_plot(tmp_path):
     doc = _doc()
     text = recall_section([doc], tmp_path)
-    assert "**x**, T = 30, domain (tiny, 1 windows)" in text
+    assert "**runs/x**, T = 30, domain (tiny, 1 windows)" in text
     rows = [line for line in text.splitlines() if line.startswith("| top1 ") or line.startswith("| oracle@top1 ")]
     assert len(rows) == 2 and rows[0].split("|")[4].strip().endswith("×") and rows[1].split("|")[4].strip() == "—"
     assert (tmp_path / "recall_0_30_domain.png").stat().st_size > 0
