@@ -50,6 +50,26 @@ def test_offline_corpora_are_real_text():
     assert len(lee.train) + len(lee.val) == 300 and "Sydney" in " ".join(d.text for d in lee.train)
 
 
+def test_code_docs_and_mixtures_of_registers(tmp_path):
+    code = load_corpus("python-code")
+    assert "os.py" in {d.title for d in code.train + code.val} and not {d.title for d in code.val} & {
+        d.title for d in code.train}
+    (tmp_path / "a.txt").write_text("alpha " * 100)
+    (tmp_path / "b.txt").write_text("beta " * 100)
+    mix = load_corpus(f"python-code+{tmp_path}")
+    assert mix.name == f"python-code+{tmp_path.name}"
+    assert len(mix.train) + len(mix.val) == len(code.train) + len(code.val) + 2
+    assert {d.title.split("/")[0] for d in mix.train + mix.val} == {"python-code", tmp_path.name}
+    import glob
+
+    if glob.glob("/usr/share/doc/python3*/html/_sources"):  # Debian's python3-doc (make python-docs)
+        docs = load_corpus("python-docs")
+        assert len(docs.train) > 100 and "library/os.rst.txt" in {d.title for d in docs.train + docs.val}
+    else:
+        with pytest.raises(ValueError, match="python3-doc"):
+            load_corpus("python-docs")
+
+
 def test_library_errors_name_arguments_and_the_cli_names_flags():
     from focusattn._errors import InputError, cli_message
 
