@@ -56,6 +56,17 @@ def test_global_keys_match_the_reference(seed, b, hkv, g, tk, decode, k_groups, 
         assert_close(got_i, want, atol=2e-5, rtol=1e-4, name="indexed decode")
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_global_keys_in_a_gathering_decode_step(padded):
+    """A long cache with K=8 top-1: the step gathers its lists (not the masked pass) and adds the global keys."""
+    q, k, v, memb, glob, kpm = _case(11, 1, 4, 2, 1, 700, 8, 1, padded, 0.02)
+    want, _ = _reference(q, k, v, memb, 5, glob, kpm)
+    for index in (None, GroupIndex(memb)):
+        got = focus_attention(q, k, v, memb, 5, sink=glob, key_padding_mask=kpm, backend="decomposed",
+                              group_index=index)
+        assert_close(got, want, atol=2e-5, rtol=1e-4, name="gathered decode")
+
+
 @pytest.mark.parametrize("backend", ["decomposed", "auto", "dense"])
 def test_global_keys_gradients(backend):
     q, k, v, memb, glob, _ = _case(3, 2, 4, 2, 37, 37, 4, 1, False, 0.15)

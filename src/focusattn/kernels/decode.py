@@ -241,7 +241,7 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
         else:
             idx, valid = group_index.key_indices(qpos, window, key_padding_mask)
             if sinks is not None:
-                first = min(sink, tk) if key_padding_mask is None else sinks
+                first = min(sink, tk) if key_padding_mask is None and isinstance(sink, int) else sinks
                 idx, valid = _add_sinks(idx, valid, membership, window, qpos, first)
         if allowed is not None:
             o, lse = _masked_pass(q[:, :, c0:c1], k, v, allowed, scale, softcap)
