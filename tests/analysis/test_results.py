@@ -50,3 +50,15 @@ def test_gpu_bench_section_renders_measured_rows(tmp_path):
     (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "GPU X" in text and "**1.50x**" in text and "0.90x" in text and "stopped before" in text
+
+
+def test_pareto_changes_are_against_the_original_of_the_same_run():
+    from focusattn.analysis.pareto import render_pareto
+
+    def doc(adapter, orig, top1):
+        return {"adapter": adapter, "focus_config": {"num_groups": 8}, "results": [
+            {"T": 64, "variant": "original", "ppl_domain": orig, "ppl_ood": orig},
+            {"T": 64, "variant": "top1", "ppl_domain": top1, "ppl_ood": top1, "budget_pairs_kept": 0.5}]}
+
+    text = render_pareto([doc("runs/a/adapter", 10.0, 11.0), doc("runs/b/adapter", 20.0, 21.0)], [])
+    assert "11.00 (+10.0%)" in text and "21.00 (+5.0%)" in text  # not 21 vs the first run's 10 (+110%)

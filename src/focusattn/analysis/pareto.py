@@ -35,8 +35,11 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
     merged: dict[tuple, dict] = {}  # (adapter, variant) -> row; several long-eval runs of one adapter merge by T
     for d in long_docs:
         name, k_groups = _adapter_name(d), d["focus_config"]["num_groups"]
+        origs = {r["T"]: r for r in d["results"] if r["variant"] == "original"}
         for r in d["results"]:
             v = r["variant"]
+            if v != "original":  # a change is measured against the original of the same run (same windows)
+                r = {**r, "_base": origs.get(r["T"])}
             key = ("—", v) if v == "original" else (name, v)
             row = merged.setdefault(key, {"adapter": key[0], "K": None if v == "original" else k_groups,
                                           "variant": v, "by_T": {}, "_name": name})
@@ -55,6 +58,13 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
             sp = next((v for (_, var), v in speed.items() if var == "original"), None)
         row["speed_T"], row["prefill_x"], row["decode_x"] = sp if sp else (None, None, None)
     return rows
+
+
+def _base_value(r: dict, t: int, key: str, base: dict):
+    """The original's ``key`` at length ``t`` for row ``r``: from the same long-eval run when it measured the
+    original, else the table's original row."""
+    own = r["by_T"].get(t, {}).get("_base")
+    return (own or base["by_T"].get(t, {})).get(key)
 
 
 def _f(x, nd=2):
@@ -79,7 +89,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
         cells = [r["adapter"], r["variant"]]
         for t in ppl_t:
             for key in ("ppl_domain", "ppl_ood"):
-                x, b = r["by_T"].get(t, {}).get(key), base["by_T"].get(t, {}).get(key)
+                x, b = r["by_T"].get(t, {}).get(key), _base_value(r, t, key, base)
                 cells.append("—" if x is None else f"{x:.2f}" + ("" if r is base or b is None
                                                                  else f" ({100 * (x / b - 1):+.1f}%)"))
         for t in rec_t:
@@ -171,7 +181,7 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
         d, o = at(r, "ppl_domain"), at(r, "ppl_ood")
         if r is base:
             return " / ".join(_f(x) for x in (d, o))
-        bd, bo = at(base, "ppl_domain"), at(base, "ppl_ood")
+        bd, bo = _base_value(r, t, "ppl_domain", base), _base_value(r, t, "ppl_ood", base)
         pct = lambda x, b: "—" if x is None or b is None else f"{100 * (x / b - 1):+.1f}%"  # noqa: E731
         return f"{pct(d, bd)} / {pct(o, bo)}"
 
@@ -189,7 +199,7 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
                                                else f"{100 * at(r, 'budget_pairs_kept'):.0f}%")
     times = lambda x: "—" if x is None else f"{x:.2f}×"  # noqa: E731
     cols = [("configuration", label), (f"causal pairs kept (T={t})", kept),
-            (f"perplexity, domain / OOD (T={t}; Δ vs original)", ppl),
+            (f"perplexity, domain / OOD (T={t}; Δ vs the original in the same run)", ppl),
             (f"repeat-copy ppl (T={t})", lambda r: _f(at(r, "repeat_ppl"))),
             (f"passkey (T={t})", passkey),
             (f"distant attention dropped (T={rt}; domain / OOD)", dropped),
@@ -234,7 +244,7 @@ def plot_pareto(long_docs: list[dict], bench_docs: list[dict], path) -> None:
              "random": ("X", "#17becf"), "untrained": ("v", "#e377c2")}
 
     def delta(r, key):
-        x, b = r["by_T"].get(t, {}).get(key), base["by_T"].get(t, {}).get(key)
+        x, b = r["by_T"].get(t, {}).get(key), _base_value(r, t, key, base)
         return None if x is None or b is None else 100 * (x / b - 1)
 
     def frame(ax, pts):
