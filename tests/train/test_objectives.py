@@ -85,7 +85,7 @@ def test_targets_cache_on_disk_is_reused(tmp_path):
     model = fa.compose(tiny_model("llama"), fa.FocusConfig(num_groups=4, group_dim=8, window=3)).eval()
     x = torch.randint(0, 90, (1, 20))
     first = AttentionObjective(model, top_m=5, cache_dir=tmp_path).targets(x)
-    assert len(list(tmp_path.glob("*.pt"))) == 1 and not list(tmp_path.glob("*.tmp"))
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1 and not list(tmp_path.glob("*.tmp"))
     again = AttentionObjective(model, top_m=5, cache_dir=tmp_path)
     import focusattn.train.objectives as obj_mod
 
@@ -94,9 +94,10 @@ def test_targets_cache_on_disk_is_reused(tmp_path):
         second = again.targets(x)
     finally:
         obj_mod.attention_targets = real
-    assert all(torch.equal(a.idx, b.idx) and torch.equal(a.h, b.h) for a, b in zip(first, second))
+    assert all(torch.equal(a.idx, b.idx) and torch.equal(a.h, b.h) and torch.equal(a.mass, b.mass)
+               and torch.equal(a.attraction.isnan(), b.attraction.isnan()) for a, b in zip(first, second))
     AttentionObjective(model, top_m=6, cache_dir=tmp_path).targets(x)  # another M: another entry
-    assert len(list(tmp_path.glob("*.pt"))) == 2
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2
 
 
 def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):

@@ -19,8 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--lengths", nargs="+", default=None, help="sequence lengths (default 1024 ... 65536)")
     p.add_argument("--groups", nargs="+", default=None, help="numbers of groups K (default 4 8 16)")
     p.add_argument("--top-k", nargs="+", default=None, help="top-k memberships (default 1 2)")
-    p.add_argument("--window", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--window", type=int, default=128, help="Focus local window w")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per point (alternated with SDPA)")
     p.add_argument("--decode-len", type=int, default=32768, help="context for the decode-step timing (0 = skip)")
     p.add_argument("--decode-repeats", type=int, default=20, help="alternating repeats of the decode-step timing")
     p.add_argument("--decode-only", action="store_true",
@@ -48,16 +48,16 @@ def register(subparsers) -> None:
     m.add_argument("--model", default="smollm2-135m", help="alias, hub id or local folder")
     m.add_argument("--adapter", required=True, help="shipped adapter name or adapter folder")
     m.add_argument("--data", default="shakespeare", help="held-out text: the validation split of this corpus")
-    m.add_argument("--lengths", nargs="+", default=["2048", "4096", "8192"])
-    m.add_argument("--top-k", nargs="+", default=["1", "2"])
-    m.add_argument("--repeats", type=int, default=2)
+    m.add_argument("--lengths", nargs="+", default=["2048", "4096", "8192"], help="prompt lengths (prefill + decode)")
+    m.add_argument("--top-k", nargs="+", default=["1", "2"], help="hard top-k routings to time")
+    m.add_argument("--repeats", type=int, default=2, help="alternated rounds of every variant")
     m.add_argument("--decode-tokens", type=int, default=8, help="decode steps timed per repeat")
     m.add_argument("--decode-lengths", nargs="+", default=[],
                    help="further contexts timed for the decode step only (one prefill per variant, no repeats)")
-    m.add_argument("--threads", type=int, default=None)
+    m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     m.add_argument("--rebalance", type=int, default=None,
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
-    m.add_argument("--out", required=True)
+    m.add_argument("--out", required=True, help="folder for model_bench.json and its plot")
     m.set_defaults(func=_model_handler)
 
     d = subparsers.add_parser("bench-dispatch", help="measure the break-evens backend='auto' reads (masked vs "
@@ -65,21 +65,22 @@ def register(subparsers) -> None:
     d.add_argument("--out", required=True, help="output directory for dispatch_bench.json and dispatch.json")
     d.add_argument("--lengths", nargs="+", default=["256", "512", "768", "1024", "1536", "2048", "3072", "4096"],
                    help="prefill lengths")
-    d.add_argument("--decode-lengths", nargs="+", default=["256", "512", "1024", "2048", "4096", "8192"])
+    d.add_argument("--decode-lengths", nargs="+", default=["256", "512", "1024", "2048", "4096", "8192"],
+                   help="cache lengths of the decode break-evens")
     d.add_argument("--top-k", nargs="+", default=["1", "2", "3"], help="prefill top-k")
-    d.add_argument("--decode-top-k", nargs="+", default=["1", "2"])
-    d.add_argument("--groups", type=int, default=8)
-    d.add_argument("--window", type=int, default=128)
-    d.add_argument("--sink", type=int, default=1)
-    d.add_argument("--heads", type=int, default=9)
-    d.add_argument("--kv-heads", type=int, default=3)
-    d.add_argument("--head-dim", type=int, default=64)
+    d.add_argument("--decode-top-k", nargs="+", default=["1", "2"], help="top-k of the decode break-evens")
+    d.add_argument("--groups", type=int, default=8, help="K, groups of the random routing")
+    d.add_argument("--window", type=int, default=128, help="Focus local window w")
+    d.add_argument("--sink", type=int, default=1, help="sink tokens")
+    d.add_argument("--heads", type=int, default=9, help="query heads (SmolLM2-135M: 9)")
+    d.add_argument("--kv-heads", type=int, default=3, help="key/value heads (SmolLM2-135M: 3)")
+    d.add_argument("--head-dim", type=int, default=64, help="head dimension")
     d.add_argument("--routing-file", default=None,
                    help="captured routing (default: random balanced), e.g. "
                         "docs/results/data/routing-smollm2-135m-focus-k8.safetensors")
-    d.add_argument("--repeats", type=int, default=3)
-    d.add_argument("--decode-steps", type=int, default=30)
-    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--repeats", type=int, default=3, help="alternated timings per point")
+    d.add_argument("--decode-steps", type=int, default=30, help="decode steps timed per point")
+    d.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     d.add_argument("--install", action="store_true",
                    help="write the thresholds into the packaged kernels/dispatch.json (else point "
                         "FOCUSATTN_DISPATCH_FILE at OUT/dispatch.json)")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from ..kernels import recall as R
 
@@ -48,6 +49,7 @@ class LayerTargets:
 
 
 MIN_SEEN = 32  # queries a key must be distant to before its attraction is a label
+FIELDS = ("h", "idx", "weight", "mass", "attraction")  # LayerTargets' fields, in order (the on-disk cache's keys)
 
 def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, softcap=None) -> LayerTargets:
     """Targets of one layer from its input and q/k (no gradient), rows in chunks."""
@@ -166,15 +168,18 @@ class AttentionObjective:
                            .encode()).hexdigest()
         if self.memo is not None and key in self.memo:
             return self.memo[key]
-        path = None if self.cache_dir is None else self.cache_dir / f"{key}.pt"
+        path = None if self.cache_dir is None else self.cache_dir / f"{key}.safetensors"
         if path is not None and path.exists():
-            tg = [LayerTargets(**d) for d in torch.load(path)]
+            flat = load_file(str(path))
+            tg = [LayerTargets(*(flat.get(f"{i}.{f}") for f in FIELDS)) for i in range(len(self.routers))]
         else:
             tg = attention_targets(self.model, x, top_m=self.top_m)
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save([vars(t) for t in tg], path.with_suffix(".tmp"))
-                path.with_suffix(".tmp").replace(path)  # a crash never leaves a half-written file
+                tmp = path.with_suffix(".tmp")
+                save_file({f"{i}.{f}": getattr(t, f).contiguous() for i, t in enumerate(tg) for f in FIELDS
+                           if getattr(t, f) is not None}, str(tmp))
+                tmp.replace(path)  # a crash never leaves a half-written file
         if self.memo is not None:
             self.memo[key] = tg
         return tg
