@@ -21,7 +21,7 @@ def test_recall_tables_and_plot(tmp_path):
     assert "**runs/x**, T = 30, domain (tiny, 1 windows)" in text
     rows = [line for line in text.splitlines() if line.startswith("| top1 ") or line.startswith("| oracle@top1 ")]
     assert len(rows) == 2 and rows[0].split("|")[4].strip().endswith("×") and rows[1].split("|")[4].strip() == "—"
-    assert (tmp_path / "recall_0_30_domain.png").stat().st_size > 0
+    assert (tmp_path / "recall_runs-x_30_domain.png").stat().st_size > 0
     assert "focusattn long-eval --adapter runs/x/adapter" in text
     assert "Not yet measured" in render_recall([{"adapter": "a", "results": []}])
 

@@ -45,6 +45,16 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
                                           "variant": v, "by_T": {}, "_name": name})
             row["by_T"].setdefault(r["T"], r)
 
+    for d in long_docs:  # recall measured in a run covers every mask of that adapter, evaluated there or not
+        name = _adapter_name(d)
+        for rec in d.get("recall", []):
+            for v, m in rec["overall"]["masks"].items():
+                row = merged.get((name, v))
+                entry = row["by_T"].get(rec["T"]) if row else None
+                if entry is not None and rec["split"] not in entry.get("distant_dropped", {}):
+                    row["by_T"][rec["T"]] = {**entry, "distant_dropped": {**entry.get("distant_dropped", {}),
+                                                                          rec["split"]: m["dropped_distant"]}}
+
     def order(r):  # the original; then per adapter: soft, top-1 and the baselines at its budget, top-2 and its ...
         v = r["variant"]
         base, _, k = v.partition("@")

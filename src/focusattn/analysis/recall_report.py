@@ -2,6 +2,7 @@
 against the oracle at the same budget (the ``recall`` rows of ``long_eval*.json``), and a per-layer plot."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .._io import pyplot
@@ -47,7 +48,7 @@ def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = 
 def plot_recall_layers(rec: dict, path, title: str = "") -> None:
     """Distant attention dropped per layer, for every mask of one recall row."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(10, 3.8))
     names = sorted(rec["layers"][0]["masks"], key=_order)
     for name in names:
         ys = [100 * lay["masks"][name]["dropped_distant"] for lay in rec["layers"]]
@@ -57,7 +58,7 @@ def plot_recall_layers(rec: dict, path, title: str = "") -> None:
     ax.set_ylabel("distant attention dropped (%)")
     ax.set_ylim(0, 100)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=3, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the frame: no curve hidden
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -66,13 +67,14 @@ def plot_recall_layers(rec: dict, path, title: str = "") -> None:
 def recall_section(long_docs: list[dict], results_dir: Path) -> str:
     """The RESULTS section: plots written beside the JSON (one per adapter and length, the first split), tables."""
     links = {}
-    for i, d in enumerate(long_docs):
+    for d in long_docs:
         seen = set()
         for rec in d.get("recall", []):
             if rec["T"] in seen:
                 continue
             seen.add(rec["T"])
-            png = f"recall_{i}_{rec['T']}_{rec['split']}.png"
+            slug = re.sub(r"[^a-z0-9]+", "-", _adapter_name(d).lower()).strip("-")
+            png = f"recall_{slug}_{rec['T']}_{rec['split']}.png"
             plot_recall_layers(rec, results_dir / png, f"{_adapter_name(d)}, T={rec['T']}, {rec['split']}")
             links[f"{_adapter_name(d)}:{rec['T']}:{rec['split']}"] = f"results/{png}"
     return render_recall(long_docs, plot_links=links)
