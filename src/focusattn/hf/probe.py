@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import recall
+from ..kernels.common import relative_distance
+from ..kernels.reference import expand_kv, masked_attention
 from . import attention_fn
 from .compose import _state, routing_caches
 from .specs import attention_modules
@@ -51,12 +53,9 @@ def _capture_forward(module, query, key, value, attention_mask, scaling=None, dr
     fn(layer, module, h, query, key, scaling, softcap)
     allowed = _model_allowed(attention_mask, key.shape[2])
     if softcap is not None or kwargs.get("sliding_window") is not None:
-        from ..kernels.reference import masked_attention
-
-        causal = recall.relative_distance(query.shape[2], key.shape[2], query.device) >= 0
+        d = relative_distance(query.shape[2], key.shape[2], query.device)
         sw = kwargs.get("sliding_window")
-        if sw is not None:
-            causal = causal & (recall.relative_distance(query.shape[2], key.shape[2], query.device) < sw)
+        causal = (d >= 0) if sw is None else (d >= 0) & (d < sw)
         mask = causal[None, None] if allowed is None else (causal & allowed)
         out = masked_attention(query, key, value, mask, scale=scaling, softcap=softcap)
     elif allowed is None:
@@ -78,7 +77,7 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
     b, hq, t, _ = query.shape
     allowed = _model_allowed(attention_mask, t)
     out = torch.empty(b, hq, t, value.shape[-1], dtype=torch.float32, device=query.device)
-    vv = recall.expand_kv(value, hq).float()
+    vv = expand_kv(value, hq).float()
     for r0 in range(0, t, recall.ROWS):
         r1 = min(t, r0 + recall.ROWS)
         p = recall.causal_probs(query, key, r0, r1, scale=scaling, softcap=softcap)
