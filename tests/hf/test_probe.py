@@ -42,8 +42,8 @@ def test_capture_is_the_original_model_and_sees_every_layer(arch):
 def test_masked_rule_spans_original_and_sliding_sink():
     base, focus = _pair("llama", sink_tokens=1)
     x = torch.randint(0, 90, (1, 30))
-    everything = lambda *a: (lambda r0, r1: torch.ones(1, r1 - r0, 30, dtype=torch.bool))  # noqa: E731
-    nothing = lambda *a: (lambda r0, r1: torch.zeros(1, r1 - r0, 30, dtype=torch.bool))  # noqa: E731
+    everything = lambda *a: (lambda r0, r1, p=None: torch.ones(1, r1 - r0, 30, dtype=torch.bool))  # noqa: E731
+    nothing = lambda *a: (lambda r0, r1, p=None: torch.zeros(1, r1 - r0, 30, dtype=torch.bool))  # noqa: E731
     with torch.no_grad():
         with probe.masked(focus, everything):
             assert_close(focus(x).logits, base(x).logits, atol=1e-4, name="keep all")

@@ -82,16 +82,21 @@ def prefill_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim,
                 "causal": lambda: [torch.nn.functional.scaled_dot_product_attention(
                     q, k, v, is_causal=True, enable_gqa=True) for _ in ms],
             }
-            times = {name: [] for name in fns}
-            for name, fn in fns.items():  # warm-up: first calls allocate
-                fn()
-            for rep in range(repeats):
-                for name in (list(fns) if rep % 2 == 0 else list(fns)[::-1]):
-                    times[name].append(timed_cpu(fns[name])[1:])
-            row = {"T": t, "top_k": top_k, "layers": len(ms)}
-            row.update({name: _median(ts) for name, ts in times.items()})
+            row = {"T": t, "top_k": top_k, "layers": len(ms), **_alternated(fns, repeats)}
             rows.append(row)
     return rows
+
+
+def _alternated(fns: dict, rounds: int) -> dict:
+    """Median time of each of ``fns`` over ``rounds`` rounds, called in alternating order after one warm-up call
+    each (first calls allocate), so a drifting host affects every variant alike."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            times[name].append(timed_cpu(fns[name])[1:])
+    return {name: _median(ts) for name, ts in times.items()}
 
 
 @torch.no_grad()
@@ -115,14 +120,7 @@ def decode_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, 
                 "causal": lambda: [torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                                    for k, v, _, _ in caches],
             }
-            times = {name: [] for name in fns}
-            for name, fn in fns.items():
-                fn()
-            for s in range(steps):
-                for name in (list(fns) if s % 2 == 0 else list(fns)[::-1]):
-                    times[name].append(timed_cpu(fns[name])[1:])
-            row = {"Tk": tk, "top_k": top_k, "layers": len(ms)}
-            row.update({name: _median(ts) for name, ts in times.items()})
+            row = {"Tk": tk, "top_k": top_k, "layers": len(ms), **_alternated(fns, steps)}
             rows.append(row)
     return rows
 

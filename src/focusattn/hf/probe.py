@@ -82,7 +82,7 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
         r1 = min(t, r0 + recall.ROWS)
         p = recall.causal_probs(query, key, r0, r1, scale=scaling, softcap=softcap)
         local, sinks, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, query.device)
-        ok = (local | sinks)[None] | (keep(r0, r1) & distant)
+        ok = (local | sinks)[None] | (keep(r0, r1, p) & distant)
         ok = ok[:, None]
         if allowed is not None:
             ok = ok & allowed[..., r0:r1, :]
@@ -140,11 +140,12 @@ def oracle_rule(top_k: int) -> RuleFn:
         cfg = module.focus_router.cfg
         served = recall.shared_group_keep(topk_membership(module.focus_router(h).groups, top_k))
 
-        def keep(r0, r1):
+        def keep(r0, r1, probs=None):
             t = k.shape[2]
             _, _, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, q.device)
-            p = recall.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap).mean(1)
-            return recall.oracle_keep(p, distant, (served(r0, r1) & distant).sum(-1))
+            if probs is None:
+                probs = recall.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap)
+            return recall.oracle_keep(probs.mean(1), distant, (served(r0, r1) & distant).sum(-1))
 
         return keep
 

@@ -20,7 +20,9 @@ from .reference import expand_kv
 # Query rows per chunk: [B, H, ROWS, T] float32 probabilities at a time (9 heads x 256 x 8192 = 75 MB).
 ROWS = 256
 
-KeepFn = Callable[[int, int], torch.Tensor]  # (r0, r1) -> bool [B, r1 - r0, T]: distant pairs a mask keeps
+# (r0, r1, probs=None) -> bool [B, r1 - r0, T]: the distant pairs a mask keeps for query rows r0:r1; ``probs`` are
+# those rows' causal probabilities [B, H, r1 - r0, T] when the caller has them (a rule that needs them reuses them)
+KeepFn = Callable[..., torch.Tensor]
 
 
 def causal_probs(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, *, scale: float | None = None,
@@ -64,8 +66,8 @@ def shared_group_keep(membership_q: torch.Tensor, membership_k: torch.Tensor | N
     mk = (membership_q if membership_k is None else membership_k).float()
     mq = membership_q.float()
     if global_keys is None:
-        return lambda r0, r1: torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0
-    return lambda r0, r1: (torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0) | global_keys[:, None, :]
+        return lambda r0, r1, probs=None: torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0
+    return lambda r0, r1, probs=None: (torch.einsum("bik,bjk->bij", mq[:, r0:r1], mk) > 0) | global_keys[:, None, :]
 
 
 def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, window: int, sink: int,
