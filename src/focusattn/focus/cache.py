@@ -89,6 +89,7 @@ class RoutingCache:
         self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
         self._memo: dict = {}  # rebalancing boundary -> potentials
         self._global: _Rows | None = None  # global keys [B, T, 1] (cfg.global_rate > 0)
+        self._query: _Rows | None = None  # query memberships [B, T, K] with query and key roles (cfg.key_top_k)
 
     def follow_rows(self, key: torch.Tensor, tq: int) -> None:
         """Refuse a decode step whose KV cache had its batch rows reordered since the last call (beam search, or any
@@ -144,6 +145,7 @@ class RoutingCache:
             self._valid = None if valid is None or routing.scores is None else _Rows(valid[..., None])
             self._memo = {} if memo is None else memo
             self._global = None if routing.global_keys is None else _Rows(routing.global_keys[..., None])
+            self._query = None if routing.query_membership is None else _Rows(routing.query_membership)
         return routing
 
     def cached(self, hard: bool) -> int:
@@ -179,13 +181,17 @@ class RoutingCache:
             if self._index is None:
                 self._index, self._prefill_membership = GroupIndex(self._prefill_membership), None
             index = self._index
-            index.append(routing.membership)
-            routing = Routing(routing.groups, index.membership, global_keys=glob)
+            index.append(routing.membership)  # the keys' groups; the queries' (roles) are this step's own
+            qmem = routing.query_membership
+            if self._query is not None and qmem is not None:
+                self._query.append(qmem)
+            routing = Routing(routing.groups, index.membership, global_keys=glob, query_membership=qmem)
         else:
             routing = Routing(self._groups.view(), None, global_keys=glob)
         if trimmed:
             return CallRouting(Routing(routing.groups[:, -tk:],
-                                       None if routing.membership is None else routing.membership[:, -tk:]),
+                                       None if routing.membership is None else routing.membership[:, -tk:],
+                                       query_membership=routing.query_membership),
                                None, True)
         return CallRouting(routing, index)
 
@@ -198,12 +204,18 @@ class RoutingCache:
         return None if self._groups is None else self._groups.view()
 
     def membership(self) -> torch.Tensor | None:
-        """Hard top-k membership bool ``[B, T, K]`` of every cached token (None in soft mode or before any)."""
+        """Hard top-k membership bool ``[B, T, K]`` of every cached token as a key (None in soft mode or before
+        any)."""
         return self._prefill_membership if self._index is None else self._index.membership
+
+    def query_membership(self) -> torch.Tensor | None:
+        """With query and key roles, every cached token's groups as a query ``[B, T, K]``; else None."""
+        return None if self._query is None else self._query.view()
 
     def last(self) -> Routing | None:
         """The cached routing as one :class:`Routing` (None before the first no-grad full forward)."""
         if self._groups is None:
             return None
         return Routing(self.groups(), self.membership(),
-                       global_keys=None if self._global is None else self._global.view()[..., 0])
+                       global_keys=None if self._global is None else self._global.view()[..., 0],
+                       query_membership=self.query_membership())

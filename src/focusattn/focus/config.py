@@ -22,6 +22,11 @@ class FocusConfig:
         depends on that token alone), ``"sequence"`` (the paper's sequence-wide Sinkhorn, which sees the future) or
         ``"random"`` (a baseline: each position's groups drawn at random, balanced and causal, the router unused).
     top_k: ``None`` = soft gating; k = hard membership in the k highest-scoring groups (inference).
+    key_top_k: separate query and key roles (not in the paper): ``None`` = symmetric (a token's groups as a key are
+        its ``top_k`` groups as a query); k = each token is a *key* of its ``k`` highest-scoring groups and a
+        *query* of its ``top_k`` (one router, the same scores). Only ``top_k=1`` is served exactly with roles (each
+        pair is then counted in the query's one group); e.g. ``top_k=1, key_top_k=2`` keeps about ``2/K`` of the
+        distant pairs. See docs/DESIGN.md "Query and key roles".
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
     sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the
@@ -45,6 +50,7 @@ class FocusConfig:
     gate_offset: float = 0.5
     routing: str = "causal"
     top_k: int | None = None
+    key_top_k: int | None = None
     offset_momentum: float = 0.9
     backend: str = "auto"
     sink_tokens: int = 1
@@ -75,6 +81,13 @@ class FocusConfig:
             bad("routing", ROUTINGS)
         if self.top_k is not None and (not isinstance(self.top_k, int) or not 1 <= self.top_k <= self.num_groups):
             bad("top_k", f"None or an integer in 1..num_groups ({self.num_groups})")
+        if self.key_top_k is not None:
+            if isinstance(self.key_top_k, bool) or not isinstance(self.key_top_k, int) \
+                    or not 1 <= self.key_top_k <= self.num_groups:
+                bad("key_top_k", f"None (symmetric) or an integer in 1..num_groups ({self.num_groups})")
+            if self.top_k != 1:
+                bad("key_top_k", f"None with top_k={self.top_k!r} (query and key roles are served exactly only with "
+                    "top_k=1: set top_k=1, or key_top_k=None for symmetric routing)")
         if not 0.0 <= self.offset_momentum < 1.0:
             bad("offset_momentum", "a float in [0, 1)")
         if self.backend not in BACKENDS:
@@ -91,6 +104,16 @@ class FocusConfig:
                 "offsets)")
         if self.rebalance and self.routing != "causal":
             bad("rebalance", f"0 with routing={self.routing!r} (online rebalancing is a form of causal routing)")
+
+    @property
+    def roles(self) -> bool:
+        """Query and key memberships differ (``key_top_k`` set and not equal to ``top_k``)."""
+        return self.key_top_k is not None and self.key_top_k != self.top_k
+
+    @property
+    def served_key_top_k(self) -> int | None:
+        """The groups a token holds as a key at hard top-k (``key_top_k``, else ``top_k``)."""
+        return self.top_k if self.key_top_k is None else self.key_top_k
 
     def to_dict(self) -> dict:
         return asdict(self)

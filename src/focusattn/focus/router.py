@@ -16,13 +16,29 @@ from .sinkhorn import sinkhorn_potentials
 @dataclass
 class Routing:
     """One forward's routing for one layer. ``groups``: soft assignments [B, T, K] (rows sum to 1);
-    ``membership``: bool [B, T, K] top-k membership, or None in soft mode."""
+    ``membership``: bool [B, T, K] top-k membership (the tokens' groups *as keys*), or None in soft mode;
+    ``query_membership``: with query and key roles (``cfg.key_top_k``), the queries' groups [B, Tq, K] (the last
+    ``Tq`` tokens: all of them after a prefill, the new ones after a decode step); None = symmetric (a query's groups
+    are its key groups)."""
 
     groups: torch.Tensor
     membership: torch.Tensor | None
     scores: torch.Tensor | None = None  # the logits before offsets [B, T, K] (what online rebalancing needs later)
     global_keys: torch.Tensor | None = None  # bool [B, T]: keys every later query sees (cfg.global_rate > 0)
     global_logits: torch.Tensor | None = None  # [B, T] the global-key scorer's logits (with gradient in training)
+    query_membership: torch.Tensor | None = None
+
+
+def hard_memberships(scores: torch.Tensor, cfg: FocusConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(key membership, query membership or None)`` bool [..., K] at the config's hard top-k. With roles both come
+    from one ranking of ``scores``: a query's ``top_k`` groups are the first of its ``key_top_k`` key groups (so a
+    token's query group is always one of its key groups, ties included)."""
+    kk = cfg.served_key_top_k
+    if not cfg.roles:
+        return topk_membership(scores, kk), None
+    idx = scores.topk(max(kk, cfg.top_k), dim=-1).indices  # sorted, highest first
+    zeros = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    return zeros.scatter(-1, idx[..., :kk], True), zeros.scatter(-1, idx[..., :cfg.top_k], True)
 
 
 @torch.no_grad()
@@ -172,7 +188,9 @@ class FocusRouter(nn.Module):
         if self.training and not _in_backward():
             self.balance = bal
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
-        membership = None if cfg.top_k is None else topk_membership(groups, cfg.top_k)
+        membership = qmem = None
+        if cfg.top_k is not None:
+            membership, qmem = hard_memberships(groups, cfg)
         glob = gl = None
         if self.globals is not None:
             gl = self.globals(h.to(self.globals.weight.dtype)).squeeze(-1)
@@ -187,7 +205,7 @@ class FocusRouter(nn.Module):
                     thr = batch_thr
             glob = gl.detach() > thr
         # the logits are kept (by the routing cache) only when online rebalancing will need them in decode steps
-        return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl)
+        return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl, qmem)
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:
@@ -199,10 +217,12 @@ class FocusRouter(nn.Module):
             rows.append(torch.rand(chunk, k, generator=torch.Generator().manual_seed(1_000_003 * k + c)))
         scores = torch.cat(rows)[start - (start // chunk) * chunk:][:t].to(device)
         groups = torch.nn.functional.one_hot(scores.argmax(-1), k).float().expand(batch, t, k)
-        membership = None
+        membership = qmem = None
         if self.cfg.top_k is not None:
-            membership = topk_membership(scores, self.cfg.top_k).expand(batch, t, k).contiguous()
-        return Routing(groups, membership)
+            membership, qmem = hard_memberships(scores, self.cfg)
+            membership = membership.expand(batch, t, k).contiguous()
+            qmem = None if qmem is None else qmem.expand(batch, t, k).contiguous()
+        return Routing(groups, membership, query_membership=qmem)
 
     @torch.no_grad()
     def flush_offsets(self) -> None:

@@ -22,6 +22,13 @@ pair, one masked fused call for a short prefill, else decomposed / decode; :mod:
 (decomposed/auto with ``Tq < Tk``) read each query's keys from per-group lists instead of scanning ``membership``;
 the result is the same. Other paths validate it and ignore it.
 
+``query_membership`` (bool ``[B, Tq, K]``, None = symmetric): query and key roles. ``membership`` is then every
+token's groups *as a key*, ``query_membership`` the queries' groups, and query i attends key j iff ``j <= p`` and
+(``p - j <= window`` or ``query_membership[i]`` meets ``membership[j]``, or j is a sink). Every backend computes it
+exactly: the decomposed prefill runs, per group, the group's queries against the group's keys causally by
+position (a query of one group counts each pair once; more query groups: lowest shared group), the decode path
+reads the queries' groups' key lists, flex and the dense branches put it in their masks.
+
 Adversarial input (NaN/Inf, empty problems, queries with no allowed key, degenerate groups and windows): every
 backend gives the reference's answer or the same ValueError; the rules are in :mod:`.validation`.
 """
@@ -48,10 +55,11 @@ SINK_ROWS = 1024
 
 
 def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
-                    allowed=None, backend="auto", return_lse=False, group_index=None):
+                    allowed=None, backend="auto", return_lse=False, group_index=None, query_membership=None):
     """Hard-mask Focus attention, plus ``sink`` attention sinks (see the module docstring for the contract)."""
     validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                          key_padding_mask=key_padding_mask, group_index=group_index, sink=sink)
+                          key_padding_mask=key_padding_mask, group_index=group_index, sink=sink,
+                          query_membership=query_membership)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if q.numel() == 0:  # no query (B, Tq or Hq is 0): the reference's empty result, whatever the backend
         check_backend(backend, q)
@@ -66,25 +74,30 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
     kw = dict(scale=scale, softcap=softcap, key_padding_mask=key_padding_mask)
     branch = None
     if auto:  # the exact engine fastest for this call's shape (kernels/dispatch.py)
-        branch = choose(q, k, membership, window, softcap=softcap, group_index=group_index)
+        branch = choose(q, k, membership, window, softcap=softcap, group_index=group_index,
+                        query_membership=query_membership)
         PICKS[branch] += 1
         if branch in ("causal", "masked", "decode-masked"):
             out, lse = dense_branch(q, k, v, membership, window, sink=sink, scale=default_scale(q.shape[-1], scale),
-                                    key_padding_mask=key_padding_mask, causal_only=branch == "causal")
+                                    key_padding_mask=key_padding_mask, causal_only=branch == "causal",
+                                    query_membership=query_membership)
             return (out, lse) if return_lse else out
     if backend == "dense":
-        out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True, **kw)
+        out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True,
+                                         query_membership=query_membership, **kw)
         return (out, acc(lse)) if return_lse else out
     if backend == "flex":
         res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or has_sinks(sink),
-                                   validate=False, **kw)
+                                   validate=False, query_membership=query_membership, **kw)
         out, lse = res if (return_lse or has_sinks(sink)) else (res, None)
     elif q.shape[2] < k.shape[2]:  # the sinks join each query's gathered keys: no separate part to merge
         out, lse = focus_decode_attention(q, k, v, membership, window, sink=sink, return_lse=True,
-                                          group_index=group_index, validate=False, **kw)
+                                          group_index=group_index, validate=False,
+                                          query_membership=query_membership, **kw)
         return (out, lse) if return_lse else out
     else:
-        out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False, **kw)
+        out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False,
+                                              query_membership=query_membership, **kw)
     if has_sinks(sink):
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         if not needs_grad and out.dtype == lse.dtype == acc_dtype(q.dtype):
@@ -96,10 +109,13 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
             for r0 in range(0, tq, rows):
                 r1, e = min(tq, r0 + rows), tk - tq + min(tq, r0 + rows)
                 o2, l2 = sink_partial(q[:, :, r0:r1], k[:, :, :e], v[:, :, :e], membership[:, :e], window,
-                                      sinks[:, :e], scale=scale, softcap=softcap)
+                                      sinks[:, :e], scale=scale, softcap=softcap,
+                                      query_membership=None if query_membership is None
+                                      else query_membership[:, r0:r1])
                 merge_signed_(out[:, :, r0:r1], lse[:, :, r0:r1], o2, l2)
         else:
-            o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap)
+            o2, l2 = sink_partial(q, k, v, membership, window, sinks, scale=scale, softcap=softcap,
+                                  query_membership=query_membership)
             out, lse = merge_pair(out, lse, o2, l2)
         out = out.to(q.dtype)
     return (out, lse) if return_lse else out

@@ -63,23 +63,25 @@ def _gather_rows(src: torch.Tensor, rows: torch.Tensor, slot: int) -> torch.Tens
     return torch.index_select(src, 0, rows, out=out)
 
 
-def _shares_group(membership: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-    """``[B, C, Tk]`` bool: key j shares a group with the query at absolute position ``qpos[c]``.
+def _shares_group(membership: torch.Tensor, qpos: torch.Tensor, mq: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, C, Tk]`` bool: key j shares a group with the query at absolute position ``qpos[c]`` (``mq`` [B, C, K]:
+    the queries' own groups with query and key roles, else their rows of ``membership``).
 
     Few queries (decoding): a byte-wise AND over ``[B, C, Tk, K]``; many: one float matmul (BLAS) instead."""
-    mq = membership[:, qpos]  # [B, C, K]
+    mq = membership[:, qpos] if mq is None else mq  # [B, C, K]
     if qpos.numel() * membership.shape[1] * membership.shape[2] <= 1 << 22:
         return (membership[:, None] & mq[:, :, None]).any(-1)
     return torch.matmul(mq.float(), membership.float().transpose(1, 2)) > 0
 
 
-def _allowed_rows(membership, window, qpos, key_padding_mask=None, sink_keys=None):
+def _allowed_rows(membership, window, qpos, key_padding_mask=None, sink_keys=None, mq=None):
     """``[B, C, Tk]`` bool: the keys each query at absolute position ``qpos[c]`` may attend (window, shared group,
-    sinks, causal, padding), by a scan of every key's membership (``O(C Tk K)`` byte operations, no D-sized work)."""
+    sinks, causal, padding), by a scan of every key's membership (``O(C Tk K)`` byte operations, no D-sized work).
+    ``mq``: the queries' groups [B, C, K] with query and key roles."""
     tk = membership.shape[1]
     kpos = torch.arange(tk, device=membership.device)
     dist = qpos[:, None] - kpos[None, :]  # [C, Tk]
-    allowed = in_window(dist, window) | ((dist >= 0) & _shares_group(membership, qpos))
+    allowed = in_window(dist, window) | ((dist >= 0) & _shares_group(membership, qpos, mq))
     if sink_keys is not None:
         allowed = allowed | (sink_keys[:, None, :] & (dist >= 0))
     if key_padding_mask is not None:
@@ -107,17 +109,19 @@ def _compact(allowed: torch.Tensor):
     return idx.masked_fill(~valid, 0), valid
 
 
-def focus_key_indices(membership, window, qpos, key_padding_mask=None):
+def focus_key_indices(membership, window, qpos, key_padding_mask=None, query_membership=None):
     """Per-query key lists: ``(idx [B, C, L] long, valid [B, C, L] bool)`` in ascending position order, ``L`` the
-    longest list. Padding entries point at key 0 and are invalid."""
-    return _compact(_allowed_rows(membership, window, qpos, key_padding_mask))
+    longest list. Padding entries point at key 0 and are invalid. ``query_membership`` [B, C, K]: the queries'
+    groups (query and key roles)."""
+    return _compact(_allowed_rows(membership, window, qpos, key_padding_mask, mq=query_membership))
 
 
-def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
+def _add_sinks(idx, valid, membership, window, qpos, sink_keys, mq=None):
     """Append the sink keys (``sink_keys`` [B|1, Tk], the first real tokens) that the lists do not hold yet: a sink
     ``j`` is listed already when it is in the window or shares a group with the query, so each key stays counted
     once and the sinks need no separate partial and merge (the prefill path's :mod:`.sink`). ``O(C * n * K)``.
-    An int ``sink_keys`` (no padding) is the number of first keys: their positions need no scan of the cache."""
+    An int ``sink_keys`` (no padding) is the number of first keys: their positions need no scan of the cache.
+    ``mq``: the queries' groups [B, C, K] with query and key roles."""
     b = idx.shape[0]
     if isinstance(sink_keys, int):
         pos = torch.arange(sink_keys, device=idx.device).expand(b, sink_keys)
@@ -127,7 +131,7 @@ def _add_sinks(idx, valid, membership, window, qpos, sink_keys):
     n = pos.shape[1]
     if n == 0:
         return idx, valid
-    mq = membership[:, qpos]  # [B, C, K]
+    mq = membership[:, qpos] if mq is None else mq  # [B, C, K]
     mk = membership.gather(1, pos[..., None].expand(b, n, membership.shape[-1]))  # [B, n, K]
     shared = (mq[:, :, None] & mk[:, None]).any(-1)  # [B, C, n]
     extra = ok[:, None] & ~shared & (qpos[None, :, None] - pos[:, None] > window)
@@ -183,7 +187,7 @@ def _masked_pass(q, k, v, allowed, scale, softcap):
 
 
 def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None, key_padding_mask=None,
-                           return_lse=False, group_index=None, validate=True):
+                           return_lse=False, group_index=None, validate=True, query_membership=None):
     """Exact Focus attention for queries aligned to the end of the keys: per-query key gathering, or one masked pass
     when the lists are long (see the module docstring).
 
@@ -193,11 +197,13 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     they join the gathered lists, so a decode step makes one pass, not a sparse part plus a sink part and a merge.
     ``group_index``: a :class:`~focusattn.kernels.group_index.GroupIndex` of the same ``Tk`` tokens (``membership``
     is then not read), so the step costs ``O(w + Tk k / K)`` instead of an ``O(Tk K)`` scan. ``validate=False``
-    skips the input checks of :mod:`.validation` (``focus_attention`` has done them).
+    skips the input checks of :mod:`.validation` (``focus_attention`` has done them). ``query_membership``
+    ``[B, Tq, K]``: the queries' own groups (query and key roles): each query reads its groups' key lists.
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                              key_padding_mask=key_padding_mask, group_index=group_index, sink=sink)
+                              key_padding_mask=key_padding_mask, group_index=group_index, sink=sink,
+                              query_membership=query_membership)
     if q.numel() == 0:
         out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
                                       key_padding_mask=key_padding_mask)
@@ -212,16 +218,17 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     # An upper bound on any query's list (window + its groups' sizes + sinks) sizes the query chunks, so memory stays
     # bounded, and picks the engine: a list holding a large share of the cache (top-2 of 8 keeps about half the
     # pairs) is read as one masked pass over every key (_masked_pass) instead of gathered.
+    qm = query_membership  # None: symmetric, the queries' rows of the keys' membership
     if group_index is not None:
         membership = group_index.membership
-        mq = membership[:, tk - tq:]  # [B, Tq, K]: a query's list holds at most its own groups' members
+        mq = membership[:, tk - tq:] if qm is None else qm  # [B, Tq, K]: a list holds at most its groups' members
         listed = int((mq.long() * group_index.counts[:, None, :]).sum(-1).max())
         if listed >= tk:  # no shorter than a scan (dense top-k, e.g. top-2 of 4): scan instead
             group_index = None
         longest = min(tk, window + 1 + listed + n_sink)
     else:  # one query (a decode step) is one chunk whatever its list: no bound to compute
-        longest = tk if tq == 1 else min(tk, window + 1 + int(membership.sum(-1).max()) * int(membership.sum(1).max())
-                                         + n_sink)
+        per_query = int((membership if qm is None else qm).sum(-1).max())  # groups a query reads
+        longest = tk if tq == 1 else min(tk, window + 1 + per_query * int(membership.sum(1).max()) + n_sink)
     can_mask = k.dtype == acc_dtype(k.dtype)  # the masked pass reads K/V as they are: no whole-cache conversion
     step = max(1, GATHER_ELEMS // max(1, bsz * hkv * d * longest * 2, bsz * hq * tk))
     # rows of [B * Hkv * Tk, D]: gather = row copies, converted to the accumulation dtype after gathering
@@ -230,19 +237,20 @@ def focus_decode_attention(q, k, v, membership, window, *, sink=0, scale=None, s
     for c0 in range(0, tq, step):
         c1 = min(tq, c0 + step)
         qpos = torch.arange(tk - tq + c0, tk - tq + c1, device=q.device)
+        mqc = None if qm is None else qm[:, c0:c1]
         allowed = None
         if group_index is None:  # a scan: the allowed rows first, then whichever engine their count calls for
-            allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
+            allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks, mqc)
             if not (can_mask and _long(int(allowed.sum(-1).max()), tk)):
                 idx, valid = _compact(allowed)
                 allowed = None
         elif can_mask and _long(longest, tk):
-            allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks)
+            allowed = _allowed_rows(membership, window, qpos, key_padding_mask, sinks, mqc)
         else:
-            idx, valid = group_index.key_indices(qpos, window, key_padding_mask)
+            idx, valid = group_index.key_indices(qpos, window, key_padding_mask, query_membership=mqc)
             if sinks is not None:
                 first = min(sink, tk) if key_padding_mask is None and isinstance(sink, int) else sinks
-                idx, valid = _add_sinks(idx, valid, membership, window, qpos, first)
+                idx, valid = _add_sinks(idx, valid, membership, window, qpos, first, mqc)
         if allowed is not None:
             o, lse = _masked_pass(q[:, :, c0:c1], k, v, allowed, scale, softcap)
             outs.append(o)

@@ -123,11 +123,14 @@ def _every_pair_shares(membership: torch.Tensor, group_index=None) -> bool:
     return 2 * int(membership.sum(-1).min()) > kk or bool(membership.all(1).any(-1).all())
 
 
-def choose(q, k, membership, window, *, softcap=None, group_index=None) -> str:
-    """The branch for one validated, non-empty call (see the module docstring)."""
+def choose(q, k, membership, window, *, softcap=None, group_index=None, query_membership=None) -> str:
+    """The branch for one validated, non-empty call (see the module docstring). With query and key roles
+    (``query_membership``) the ``causal`` branch is taken only when the window covers the call (the pigeonhole
+    test is for one membership), and the break-evens are read at the keys' top-k (the cost of the call's lists)."""
     tq, tk = q.shape[2], k.shape[2]
     fused = _fused_ok(q, softcap)
-    if fused and (tk - 1 <= window or _every_pair_shares(membership, group_index)):
+    roles = query_membership is not None
+    if fused and (tk - 1 <= window or (not roles and _every_pair_shares(membership, group_index))):
         return "causal"
     be = breakevens(q.device.type)
     if tq == tk:
@@ -136,7 +139,10 @@ def choose(q, k, membership, window, *, softcap=None, group_index=None) -> str:
         return "decomposed"
     if not fused:
         return "gather"
-    top = group_index.max_groups if group_index is not None else int(membership[:, tk - tq:].sum(-1).max())
+    if roles:
+        top = int(membership.sum(-1).max()) if group_index is None else group_index.max_groups
+    else:
+        top = group_index.max_groups if group_index is not None else int(membership[:, tk - tq:].sum(-1).max())
     return "decode-masked" if tk < be.decode_min(top) else "gather"
 
 
@@ -148,13 +154,16 @@ def _local_and_causal(tq: int, tk: int, window: int, device: torch.device):
     return in_window(dist, window), dist >= 0
 
 
-def _chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, rows_only_causal):
+def _chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, rows_only_causal, query_membership=None):
     """Bool ``[B, 1, r1 - r0, e]`` of the Focus mask for query rows ``r0:r1`` against keys ``:e`` (the keys up to
-    the chunk's last query); ``rows_only_causal``: the causal (+ padding) mask alone."""
+    the chunk's last query); ``rows_only_causal``: the causal (+ padding) mask alone. ``query_membership``
+    ``[B, Tq, K]``: the queries' groups (query and key roles), else the keys' last ``Tq`` rows."""
     e = tk - tq + r1
+    qm = query_membership
     if tq == 1 and not rows_only_causal:  # a decode step: one row, built by slices (no [Tq, Tk] tables)
         m = membership.to(torch.float32)
-        allowed = torch.matmul(m, m[:, -1:].transpose(1, 2))[..., 0] > 0  # shares a group with the query
+        mq = m[:, -1:] if qm is None else qm.to(torch.float32)
+        allowed = torch.matmul(m, mq.transpose(1, 2))[..., 0] > 0  # shares a group with the query
         allowed[:, max(0, tk - 1 - window):] = True
         if kpm is None and not isinstance(sink, torch.Tensor):
             allowed[:, :sink] = True  # the sinks: the first keys
@@ -169,7 +178,8 @@ def _chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, rows_only_causal)
         allowed = causal[None, r0:r1, :e]
     else:
         m = membership.to(torch.float32)
-        shared = torch.matmul(m[:, tk - tq + r0:tk - tq + r1], m[:, :e].transpose(1, 2)) > 0  # BLAS, not K loops
+        mq = m[:, tk - tq + r0:tk - tq + r1] if qm is None else qm[:, r0:r1].to(torch.float32)
+        shared = torch.matmul(mq, m[:, :e].transpose(1, 2)) > 0  # BLAS, not K loops
         allowed = shared.logical_or_(local[None, r0:r1, :e])
         if has_sinks(sink):
             allowed.logical_or_(sink_key_mask(tk, sink, kpm, membership.device)[:, None, :e])
@@ -236,15 +246,16 @@ def _dense_forward(q, k, v, masks, chunks, scale, tk):
     return out, lse
 
 
-def dense_branch(q, k, v, membership, window, *, sink=0, scale, key_padding_mask=None, causal_only: bool):
+def dense_branch(q, k, v, membership, window, *, sink=0, scale, key_padding_mask=None, causal_only: bool,
+                 query_membership=None):
     """``(out, lse)`` of the ``causal`` (``causal_only``: every causal pair kept) or ``masked`` branch, exact:
     the same allowed set as the reference, rows with no allowed key zero with LSE ``-inf``."""
     tq, tk = q.shape[2], k.shape[2]
     kpm = key_padding_mask
     needs_mask = not causal_only or kpm is not None or (tq != tk and tq > 1)
     chunks = _chunks(tq, tk, needs_mask and not causal_only)
-    masks = [_chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, causal_only) if needs_mask else None
-             for r0, r1 in chunks]
+    masks = [_chunk_mask(membership, window, r0, r1, tq, tk, sink, kpm, causal_only, query_membership)
+             if needs_mask else None for r0, r1 in chunks]
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if tq == 1 and kpm is None and not needs_grad and not causal_only and q.device.type == "cpu":
         # a decode step at inference: the additive mask in one op (the query always sees itself: no empty row)

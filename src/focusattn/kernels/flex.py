@@ -22,17 +22,21 @@ from .lse import acc
 from .validation import empty_focus_result, validate_focus_inputs
 
 
-def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None):
-    """``mask_mod(b, h, q_idx, kv_idx)`` for queries aligned to the end of ``membership``'s keys."""
+def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None, query_membership=None):
+    """``mask_mod(b, h, q_idx, kv_idx)`` for queries aligned to the end of ``membership``'s keys;
+    ``query_membership`` ``[B, Tq, K]``: the queries' own groups (query and key roles), else the keys' rows."""
     bits = group_bits(membership)
     offset = membership.shape[1] - tq
     words = bits.shape[-1]
+    # the queries' bits, indexed by q_idx + qoff (roles: their own tensor, indexed by q_idx alone)
+    qbits, qoff = (bits, offset) if query_membership is None else (group_bits(query_membership), 0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         qi = q_idx + offset
-        shared = (bits[b, qi, 0] & bits[b, kv_idx, 0]) != 0
+        qr = q_idx + qoff
+        shared = (qbits[b, qr, 0] & bits[b, kv_idx, 0]) != 0
         for w in range(1, words):
-            shared = shared | ((bits[b, qi, w] & bits[b, kv_idx, w]) != 0)
+            shared = shared | ((qbits[b, qr, w] & bits[b, kv_idx, w]) != 0)
         ok = (kv_idx <= qi) & ((qi - kv_idx <= window) | shared)
         if key_padding_mask is not None:
             ok = ok & key_padding_mask[b, kv_idx]
@@ -41,12 +45,12 @@ def focus_mask_mod(membership, window: int, tq: int, key_padding_mask=None):
     return mask_mod
 
 
-def focus_block_mask(membership, window: int, tq: int, key_padding_mask=None):
+def focus_block_mask(membership, window: int, tq: int, key_padding_mask=None, query_membership=None):
     from torch.nn.attention.flex_attention import create_block_mask
 
     bsz, tk, _ = membership.shape
-    return create_block_mask(focus_mask_mod(membership, window, tq, key_padding_mask), bsz, None, tq, tk,
-                             device=membership.device)
+    return create_block_mask(focus_mask_mod(membership, window, tq, key_padding_mask, query_membership), bsz, None,
+                             tq, tk, device=membership.device)
 
 
 @functools.cache
@@ -57,13 +61,16 @@ def _compiled_flex():
 
 
 def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                         return_lse=False, block_mask=None, compile: bool | None = None, validate=True):
+                         return_lse=False, block_mask=None, compile: bool | None = None, validate=True,
+                         query_membership=None):
     """Focus attention via FlexAttention. ``block_mask``: reuse one built by :func:`focus_block_mask` (building it
     is O(Tq Tk / 128^2) mask_mod evaluations, worth caching across layers). ``compile``: None = when allowed.
-    ``validate=False`` skips the checks of :mod:`.validation` (``focus_attention`` has done them)."""
+    ``validate=False`` skips the checks of :mod:`.validation` (``focus_attention`` has done them).
+    ``query_membership``: query and key roles (see :func:`focusattn.kernels.api.focus_attention`); a ``block_mask``
+    passed in must have been built with the same one."""
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                              key_padding_mask=key_padding_mask)
+                              key_padding_mask=key_padding_mask, query_membership=query_membership)
     if q.numel() == 0:  # FlexAttention's block mask cannot be built over zero rows
         out, lse = empty_focus_result(q, k, v, membership, window, scale=scale, softcap=softcap,
                                       key_padding_mask=key_padding_mask)
@@ -72,7 +79,7 @@ def flex_focus_attention(q, k, v, membership, window, *, scale=None, softcap=Non
 
     tq = q.shape[2]
     if block_mask is None:
-        block_mask = focus_block_mask(membership, window, tq, key_padding_mask)
+        block_mask = focus_block_mask(membership, window, tq, key_padding_mask, query_membership)
     score_mod = None
     if softcap is not None:
         def score_mod(score, b, h, q_idx, kv_idx):

@@ -175,16 +175,20 @@ class GroupIndex:
         return self
 
     # ------------------------------------------------------------------------------------------- queries
-    def key_indices(self, qpos: torch.Tensor, window: int, key_padding_mask: torch.Tensor | None = None):
+    def key_indices(self, qpos: torch.Tensor, window: int, key_padding_mask: torch.Tensor | None = None, *,
+                    query_membership: torch.Tensor | None = None):
         """Keys of the queries at absolute positions ``qpos`` ``[C]`` (each ``< len``): ``(idx [B, C, L] long,
         valid [B, C, L] bool)``, window keys first, then each shared group's keys; every allowed key appears exactly
         once among the valid entries (invalid entries point at key 0). Work ``O(C * (w + sum of the query's group
-        sizes) * k)``, independent of the other groups."""
+        sizes) * k)``, independent of the other groups.
+
+        ``query_membership`` ``[B, C, K]``: the queries' own groups when query and key roles differ (the index holds
+        the tokens' groups as keys); None = the queries' indexed rows. A query reads the lists of its own groups."""
         self._sync()
         b, k = self.counts.shape
         dev = self.device
         qpos = qpos.to(dev)
-        mq = self._memb[:, qpos]  # [B, C, K]
+        mq = self._memb[:, qpos] if query_membership is None else query_membership.to(dev)  # [B, C, K]
         kq = int(mq.sum(-1).max())
         # the query's groups, lowest id first (stable sort of 1/0 flags), padded with invalid slots
         flags, gid = torch.sort(mq.to(torch.uint8), dim=-1, descending=True, stable=True)

@@ -21,17 +21,19 @@ def expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
 
 
 def focus_allowed(membership: torch.Tensor, window: int, tq: int | None = None,
-                  sink_keys: torch.Tensor | None = None) -> torch.Tensor:
-    """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or the two tokens share a group, or key
-    ``j`` is a sink: ``sink_keys`` [B|1, Tk], see :func:`.common.sink_key_mask`).
+                  sink_keys: torch.Tensor | None = None, query_membership: torch.Tensor | None = None) -> torch.Tensor:
+    """Hard Focus mask ``[B, Tq, Tk]``: ``j <= i`` and (``i - j <= window`` or query ``i``'s groups meet key ``j``'s,
+    or key ``j`` is a sink: ``sink_keys`` [B|1, Tk], see :func:`.common.sink_key_mask`).
 
-    ``membership`` is bool ``[B, Tk, K]`` over *all* keys; the queries are its last ``tq`` rows.
+    ``membership`` is bool ``[B, Tk, K]`` over *all* keys (their groups as keys). ``query_membership``: the queries'
+    groups ``[B, Tq, K]`` when query and key roles differ; None = the last ``tq`` rows of ``membership``.
     """
     b, tk, _ = membership.shape
-    tq = tk if tq is None else tq
+    tq = (tk if query_membership is None else query_membership.shape[1]) if tq is None else tq
     dist = relative_distance(tq, tk, membership.device)
     m = membership.float()
-    shared = torch.einsum("bik,bjk->bij", m[:, tk - tq:], m) > 0
+    mq = m[:, tk - tq:] if query_membership is None else query_membership.float()
+    shared = torch.einsum("bik,bjk->bij", mq, m) > 0
     ok = (dist <= window) | shared  # the window convention of common.in_window
     if sink_keys is not None:
         ok = ok | sink_keys[:, None, :]
@@ -76,15 +78,17 @@ def dense_focus_attention(
     sink: int = 0,
     allowed: torch.Tensor | None = None,
     return_lse: bool = False,
+    query_membership: torch.Tensor | None = None,
 ):
     """Reference hard-mask Focus attention (explicit ``[B, 1, Tq, Tk]`` mask).
 
     ``key_padding_mask``: optional bool ``[B, Tk]``, True for real tokens. ``sink``: the first ``sink`` real tokens
     are visible to every later query (attention sinks; 0 = the paper's mask). ``allowed``: an extra bool mask
     broadcastable to ``[B, Hq, Tq, Tk]`` (e.g. a host model's own sliding window) that the result must also obey.
+    ``query_membership``: the queries' groups ``[B, Tq, K]`` with query and key roles (see :func:`focus_allowed`).
     """
     sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
-    mask = focus_allowed(membership, window, q.shape[2], sinks)[:, None]
+    mask = focus_allowed(membership, window, q.shape[2], sinks, query_membership)[:, None]
     if allowed is not None:
         mask = mask & allowed
     if key_padding_mask is not None:

@@ -15,12 +15,13 @@ from .common import apply_softcap, default_scale, sink_positions
 from .reference import expand_kv
 
 
-def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=None):
+def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=None, query_membership=None):
     """Partial attention of every query over the sink keys that the Focus mask does *not* already allow.
 
     Returns ``(out [B, Hq, Tq, D], lse [B, Hq, Tq])`` (LSE ``-inf`` and output 0 where a row has no such key).
     Requires the same number of sink keys in every row of the batch (true for ``sink_key_mask`` unless a sequence
-    is shorter than ``n``, in which case its missing sinks are masked out).
+    is shorter than ``n``, in which case its missing sinks are masked out). ``query_membership``: the queries'
+    groups ``[B, Tq, K]`` with query and key roles (None: the last ``Tq`` rows of ``membership``).
     """
     b, hq, tq, d = q.shape
     tk = k.shape[2]
@@ -32,7 +33,7 @@ def sink_partial(q, k, v, membership, window, sink_keys, *, scale=None, softcap=
     s = apply_softcap(torch.matmul(q, ks.transpose(-1, -2)).float() * default_scale(d, scale), softcap)
     qpos = torch.arange(tk - tq, tk, device=q.device)
     dist = qpos[None, :, None] - order[:, None, :]  # [B, Tq, n]
-    mq = membership[:, tk - tq:].float()  # [B, Tq, K]
+    mq = (membership[:, tk - tq:] if query_membership is None else query_membership).float()  # [B, Tq, K]
     mk = membership.gather(1, order[..., None].expand(b, n, membership.shape[-1])).float()  # [B, n, K]
     shared = torch.matmul(mq, mk.transpose(1, 2)) > 0  # [B, Tq, n]
     extra = (dist > window) & ~shared & valid[:, None, :]  # sink pairs the Focus mask misses (dist > window >= 0)

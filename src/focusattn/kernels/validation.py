@@ -35,7 +35,7 @@ def check_finite(name: str, t: torch.Tensor) -> None:
 
 
 def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                          group_index=None, sink=0) -> None:
+                          group_index=None, sink=0, query_membership=None) -> None:
     """Raise ValueError naming the offending argument (fast paths would otherwise fail deep inside, or silently).
 
     With ``group_index`` only the queries' membership rows and k/v rows are checked here (the index checked each
@@ -73,6 +73,8 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
     if not own and not bool((membership if group_index is None else membership[:, k.shape[2] - q.shape[2]:])
                             .any(-1).all()):
         raise ValueError("membership: every token must belong to at least one group")
+    if query_membership is not None:
+        validate_query_membership(query_membership, membership, q.shape[2])
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
     if isinstance(sink, torch.Tensor):
@@ -103,6 +105,22 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
             return
     for name, t in parts:
         check_finite(name, t)
+
+
+def validate_query_membership(query_membership, membership, tq: int) -> None:
+    """The queries' groups with query and key roles: bool ``[B, Tq, K]`` (``K`` and ``B`` of ``membership``), on
+    its device, every query in at least one group."""
+    if not isinstance(query_membership, torch.Tensor) or query_membership.dtype != torch.bool:
+        raise ValueError(f"query_membership must be None or a bool tensor [B, Tq, K], got "
+                         f"{query_membership.dtype if isinstance(query_membership, torch.Tensor) else type(query_membership).__name__}")
+    b, _, kk = membership.shape
+    if tuple(query_membership.shape) != (b, tq, kk):
+        raise ValueError(f"query_membership must have shape [B, Tq, K] = [{b}, {tq}, {kk}], got "
+                         f"{tuple(query_membership.shape)}")
+    if query_membership.device != membership.device:
+        raise ValueError(f"query_membership is on {query_membership.device} but membership is on {membership.device}")
+    if tq and b and not bool(query_membership.any(-1).all()):
+        raise ValueError("query_membership: every query must belong to at least one group")
 
 
 def _validate_group_index(group_index, membership, tq: int) -> bool:

@@ -1,4 +1,5 @@
-"""Part B, cross-group local pairs: ``1 <= i - j <= w`` and no shared group, in query blocks of ``BAND_BLOCK`` rows
+"""Part B, cross-group local pairs: ``1 <= i - j <= w`` (with query and key roles ``0 <= i - j <= w``) and no
+shared group, in query blocks of ``BAND_BLOCK`` rows
 against ``BAND_BLOCK + w`` keys. Blocks are laid out as a batch ``[B * n_blocks, H, C or L, D]`` so the fused op (or
 the generic kernel) sees them as many small independent attention problems. On the fused path (batch 1) the blocks
 are strided views of q, k and v (:func:`blocks_view`): no Python-side copies of the overlapping key windows, which at
@@ -20,7 +21,7 @@ from .plan import Grads, Problem
 class Band:
     """Index bookkeeping for the banded part, shared by forward and backward."""
 
-    def __init__(self, t: int, window: int, membership, kpm):
+    def __init__(self, t: int, window: int, membership, kpm, qmembership=None):
         device = membership.device
         block = _plan.BAND_BLOCK
         self.t, self.window, self.c, self.device = t, window, block, device
@@ -32,7 +33,10 @@ class Band:
         self.kpos_c = self.kpos.clamp(0, t - 1)
         # Query c of a block sits at distance c + w - l from key l: the band pattern is the same for every block.
         dist = torch.arange(block, device=device)[:, None] + window - torch.arange(self.l, device=device)[None, :]
-        self.base = (dist >= 1) & (dist <= window)  # [C, L]: local (common.in_window) minus the diagonal (part A's)
+        # [C, L]: local (common.in_window) minus the diagonal (part A's: a token shares a group with itself). With
+        # query and key roles the diagonal stays: a pair (i, i) is part A's only where i's query and key groups meet,
+        # which the "no shared group" test below decides like any other pair.
+        self.base = (dist >= (0 if qmembership is not None else 1)) & (dist <= window)
         self.kvalid = self.kpos >= 0  # only the first ceil(w / C) blocks have keys before position 0
         if kpm is not None:
             self.kvalid = self.kvalid[None] & kpm[:, self.kpos_c]  # [B, nb, L]
@@ -42,18 +46,23 @@ class Band:
             narrow = torch.uint8 if kk <= 8 else torch.int16 if kk <= 15 else torch.int32 if kk <= 31 else None
             bits = group_bits(membership)[..., 0]  # [B, T]
             self.bits, self.mf = (bits if narrow is None else bits.to(narrow)), None
+            self.qbits = self.bits
+            if qmembership is not None:
+                qb = group_bits(qmembership)[..., 0]
+                self.qbits = qb if narrow is None else qb.to(narrow)
         else:
             self.bits, self.mf = None, membership.float()
+            self.qmf = self.mf if qmembership is None else qmembership.float()
 
     def mask(self, n0, n1):
         """Bool ``[B * (n1 - n0), C, L]``: in band, key in range and not padded, no shared group. Rows past T
         (padding of the last block) are left as they are: their outputs are discarded."""
         qc, kc = self.qpos_c[n0:n1], self.kpos_c[n0:n1]
         if self.bits is not None:
-            bq, bk = self.bits[:, qc], self.bits[:, kc]  # [B, n, C], [B, n, L]
+            bq, bk = self.qbits[:, qc], self.bits[:, kc]  # [B, n, C], [B, n, L]
             ok = (bq[..., :, None] & bk[..., None, :]) == 0
         else:
-            ok = torch.matmul(self.mf[:, qc], self.mf[:, kc].transpose(-1, -2)) == 0
+            ok = torch.matmul(self.qmf[:, qc], self.mf[:, kc].transpose(-1, -2)) == 0
         ok &= self.base
         kv = self.kvalid[..., n0:n1, :]
         if kv.dim() == 3:  # padding mask given: [B, n, L]
@@ -121,7 +130,7 @@ def forward_chunks(p: Problem):
     q, k, v = p.q, p.k, p.v
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
-    band = Band(t, p.window, p.membership, p.kpm)
+    band = Band(t, p.window, p.membership, p.kpm, p.qmembership)
     fused = p.fused
     c = band.c
     for n0, n1 in band.chunks(bsz, hq):
@@ -151,7 +160,7 @@ def backward(p: Problem, g: Grads) -> None:
     q, k, v = p.q, p.k, p.v
     bsz, hq, t, d = q.shape
     hkv = k.shape[1]
-    band = Band(t, p.window, p.membership, p.kpm)
+    band = Band(t, p.window, p.membership, p.kpm, p.qmembership)
     fused = p.fused
     for n0, n1 in band.chunks(bsz, hq):
         allowed = band.mask(n0, n1)

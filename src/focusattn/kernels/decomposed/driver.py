@@ -20,6 +20,14 @@ same-group pairs (A) and cross-group local pairs (B), whose partial softmaxes ar
   per-pair mask, so row chunks on the masked path.
 * **B, cross-group local**: ``1 <= i - j <= w`` and ``S_i ∩ S_j = ∅`` (distance 0 always shares a group: A's). A
   covers every pair sharing a group, B only pairs sharing none: disjoint, whatever A's decomposition.
+* **Query and key roles** (``query_membership``: query i's groups ``Q_i`` and key j's ``S_j`` may differ; the
+  allowed set is ``j <= i and (i - j <= w or Q_i ∩ S_j != ∅)``): the same plan with two memberships, not a second
+  engine. A's part for group g is g's queries against g's keys, causal by *position* (masked parts, ``kidx`` the
+  keys, :func:`.plan._plan_roles`): a query of one group (query top-1) meets each pair once, so nothing is
+  subtracted (more query groups: the lowest shared group). B is ``0 <= i - j <= w`` and ``Q_i ∩ S_j = ∅`` (the
+  diagonal is A's only where a token's query and key groups meet). Cost: A is ``sum_g |Q_g| |K_g| / 2`` pairs plus
+  each row chunk's staircase (query top-1 / key top-2: ``2/K`` of causal attention, twice top-1's and half
+  top-2's); always part by part (no packed varlen call: its causal rule is by list index).
 
 Cost: A is ``sum_g n_g^2 / 2`` pairs (``k^2/K`` of causal attention for balanced groups) plus inclusion–exclusion's
 intersections, B is ``T (w + C)`` pairs (query blocks of ``C`` rows see ``C + w`` keys). No ``[T, T]`` tensor
@@ -76,7 +84,7 @@ def _forward(p: Problem, plans, varlen: Varlen | None = None, pk: packed.Packing
         o_acc, l_acc = packed.forward(p, pk, varlen, rows_per_merge=max(1, bsz * t))
     else:
         o_acc, l_acc = _forward_parts(p, plans)
-    if p.window > 0:
+    if _has_band(p):
         for r0, r1, o_b, l_b in band.forward_chunks(p):
             o_r, l_r = o_acc[:, :, r0:r1], l_acc[:, :, r0:r1]
             if o_b.dim() == 5:  # whole blocks [B, Hq, n, C, D]: merge into the same view of the accumulator
@@ -91,8 +99,9 @@ def _forward_parts(p: Problem, plans):
     bsz, hq, t, d = p.q.shape
     o_acc = token_major_zeros(p, bsz, hq, t, d)
     l_acc = token_major_zeros(p, bsz, hq, t).fill_(NEG_INF)
-    # top-1 (one part per token, all positive): each tile is copied in, no merge
-    overlap = bool((p.membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
+    # top-1 (one part per token, all positive): each tile is copied in, no merge. With roles a query is in the
+    # parts of its query groups only.
+    overlap = bool((p.query_membership.sum(-1) > 1).any()) or any(x.sign < 0 for x in plans)
     ws = same_group.workspace(p, plans, overlap)
     merge_rows = max(MERGE_ROWS, t // MERGE_FRACTION)
     for x in plans:
@@ -115,11 +124,19 @@ def _forward_parts(p: Problem, plans):
     return o_acc, l_acc
 
 
+def _has_band(p: Problem) -> bool:
+    """Part B has pairs: a window, or (query and key roles) a token whose query and key groups do not meet (its
+    diagonal pair is then B's)."""
+    if p.window > 0:
+        return True
+    return p.qmembership is not None and not bool((p.qmembership & p.membership).any(-1).all())
+
+
 def _packed_varlen(p: Problem, plans, varlen_fn) -> Varlen | None:
     """The packed kernel for part A, or None for the per-part path: ``varlen_fn`` resolved (see
     :func:`decomposed_focus_attention`); packing needs unmasked parts and no softcap."""
     if varlen_fn is None or p.softcap is not None or not plans or any(x.masked for x in plans):
-        return None
+        return None  # roles parts (p.qmembership) are always masked: part by part, explicitly
     if isinstance(varlen_fn, Varlen):
         return varlen_fn
     cuda_bwd = cuda_varlen_bwd if p.engine == "cuda-mem-efficient" else None
@@ -138,14 +155,14 @@ def _packed_varlen(p: Problem, plans, varlen_fn) -> Varlen | None:
 
 class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition):
-        p = Problem(q, k, v, membership, kpm, window, scale, softcap)
-        plans = plan_groups(membership, kpm, decomposition)
+    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition, qmembership):
+        p = Problem(q, k, v, membership, kpm, window, scale, softcap, qmembership)
+        plans = plan_groups(membership, kpm, decomposition, qmembership)
         varlen = _packed_varlen(p, plans, varlen_fn)
         pk = None if varlen is None else packed.pack(plans, q.shape[2])
         o, lse = _forward(p, plans, varlen, pk)
         out = o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, membership, kpm, out, lse)
+        ctx.save_for_backward(q, k, v, membership, kpm, out, lse, qmembership)
         ctx.plans, ctx.window, ctx.scale, ctx.softcap = plans, window, scale, softcap
         ctx.varlen = varlen if varlen is not None and varlen.bwd is not None else None
         ctx.packing = pk  # reused by the packed backward
@@ -154,13 +171,13 @@ class _DecomposedFocus(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, membership, kpm, out, lse = ctx.saved_tensors
+        q, k, v, membership, kpm, out, lse, qmembership = ctx.saved_tensors
         # a query with no allowed key (LSE -inf, output 0) has no gradient: +inf makes every P = exp(s - L) exactly 0
         # instead of exp(+inf) in the parts' backward (NaN)
         empty = lse == float("-inf")
         has_empty = bool(empty.any())
         lse = lse.masked_fill(empty, float("inf"))
-        p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap)
+        p = Problem(q, k, v, membership, kpm, ctx.window, ctx.scale, ctx.softcap, qmembership)
         if dout is None:
             dout = torch.zeros_like(out)
         if dlse is not None and has_empty:  # an empty row's LSE is a constant -inf: no gradient reaches it
@@ -175,15 +192,16 @@ class _DecomposedFocus(torch.autograd.Function):
         else:
             for x in ctx.plans:
                 same_group.backward(p, x, g)
-        if ctx.window > 0:
+        if _has_band(p):
             band.backward(p, g)
         if has_empty:  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
             g.dq.masked_fill_(empty[..., None], 0.0)
-        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None
+        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None, None
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
-                               return_lse=False, varlen_fn="auto", decomposition="auto", validate=True):
+                               return_lse=False, varlen_fn="auto", decomposition="auto", validate=True,
+                               query_membership=None):
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor. ``validate=False`` skips the input
     checks of :mod:`..validation` (``focus_attention`` has done them).
 
@@ -194,10 +212,12 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
     backward PyTorch's on CUDA, part by part elsewhere). Parts needing a mask (padding) always run part by part. ``decomposition``: how pairs sharing several groups are counted
     once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
     ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
+    ``query_membership`` ``[B, T, K]``: query and key roles (``membership`` the keys' groups; see the module
+    docstring); ``decomposition`` then does not apply.
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
-                              key_padding_mask=key_padding_mask)
+                              key_padding_mask=key_padding_mask, query_membership=query_membership)
         if q.shape[2] != k.shape[2]:
             raise ValueError(f"decomposed_focus_attention is for prefill (Tq == Tk), got Tq={q.shape[2]}, "
                              f"Tk={k.shape[2]}; use focus_attention, which decodes Tq < Tk")
@@ -207,5 +227,5 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
         return (out, lse) if return_lse else out
     scale = default_scale(q.shape[-1], scale)
     out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
-                                      decomposition)
+                                      decomposition, query_membership)
     return (out, lse) if return_lse else out

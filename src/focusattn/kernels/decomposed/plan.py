@@ -44,7 +44,8 @@ class Problem:
     """One decomposed attention call (inputs assumed validated): what every part and engine reads.
 
     ``q`` ``[B, Hq, T, D]``, ``k``/``v`` ``[B, Hkv, T, D]``, ``membership`` bool ``[B, T, K]``, ``kpm`` the key
-    padding mask ``[B, T]`` or None, ``window`` w, ``scale``, ``softcap`` (None = none)."""
+    padding mask ``[B, T]`` or None, ``window`` w, ``scale``, ``softcap`` (None = none); ``qmembership``: with
+    query and key roles the queries' groups ``[B, T, K]`` (``membership`` is then the keys'), else None."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -54,6 +55,12 @@ class Problem:
     window: int
     scale: float
     softcap: float | None
+    qmembership: torch.Tensor | None = None
+
+    @property
+    def query_membership(self) -> torch.Tensor:
+        """The queries' groups: ``qmembership`` with roles, else ``membership``."""
+        return self.membership if self.qmembership is None else self.qmembership
 
     @cached_property
     def engine(self) -> str:
@@ -99,26 +106,68 @@ class GroupPlan:
     ``g``: the group for the *lowest shared group* rule (fallback decomposition: key j is kept only if it shares no
     group ``< g`` with the query), or None for an inclusion–exclusion part (plain causal over ``idx``).
     ``masked``: some pair must be dropped (lowest-group rule, or a padded key after a real one): needs a per-pair
-    mask and the chunked path; else the part is plain causal attention, the fused op's fastest case."""
+    mask and the chunked path; else the part is plain causal attention, the fused op's fastest case.
+    ``kidx``: query and key roles: the part's *keys* (ascending positions), ``idx`` then being its queries; a
+    query attends the part's keys at or before its own position (causal by position, not by list index), so such
+    a part is always ``masked``. None: the part's tokens are both its queries and its keys."""
 
     b: int
     g: int | None
-    idx: torch.Tensor  # ascending absolute positions of the part's tokens
+    idx: torch.Tensor  # ascending absolute positions of the part's tokens (its queries, with roles)
     masked: bool
     sign: int = 1
+    kidx: torch.Tensor | None = None
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """Ascending positions of the part's keys."""
+        return self.idx if self.kidx is None else self.kidx
+
+    def key_end(self, r1: int) -> int:
+        """How many of the part's keys rows ``:r1`` may see (those at or before the position of row ``r1 - 1``)."""
+        if self.kidx is None:
+            return r1
+        return int(torch.searchsorted(self.kidx, self.idx[r1 - 1:r1], right=True)) if r1 else 0
 
 
 def plan_groups(membership: torch.Tensor, key_padding_mask: torch.Tensor | None,
-                mode: str = "auto") -> list[GroupPlan]:
+                mode: str = "auto", query_membership: torch.Tensor | None = None) -> list[GroupPlan]:
     """The same-group parts. ``mode``: ``"ie"`` (inclusion–exclusion, see :mod:`.driver`), ``"lowest"`` (masked
     lowest-shared-group parts), ``"auto"`` = ie when every token has at most ``IE_MAX_SET`` groups.
-    Positive parts come first: the signed merge relies on it (see :func:`..lse.merge_signed`)."""
+    Positive parts come first: the signed merge relies on it (see :func:`..lse.merge_signed`).
+    ``query_membership``: query and key roles (:func:`_plan_roles`; ``mode`` does not apply)."""
     if mode not in ("auto", "ie", "lowest"):
         raise ValueError(f"mode must be 'auto', 'ie' or 'lowest', got {mode!r}")
+    if query_membership is not None:
+        return _plan_roles(query_membership, membership, key_padding_mask)
     kmax = int(membership.sum(-1).max()) if membership.numel() else 1
     if mode == "lowest" or (mode == "auto" and kmax > IE_MAX_SET):
         return _plan_lowest(membership, key_padding_mask)
     return _plan_ie(membership, key_padding_mask, kmax)
+
+
+def _plan_roles(qmemb, kmemb, key_padding_mask) -> list[GroupPlan]:
+    """Query and key roles: per batch row and group ``g``, the queries of ``g`` against the keys of ``g``, causal by
+    position (one masked part each, ``kidx`` its keys). A query in one group (query top-1) meets every pair once;
+    a query in several is kept only under the lowest group it shares with the key (``g`` set: the masks test
+    the lower groups), so no pair is counted twice and no part is subtracted. Padded keys are masked; a query
+    before every key of its group gets no part row (nothing to see there)."""
+    bsz, _, kk = kmemb.shape
+    lowest = bool((qmemb.sum(-1) > 1).any())
+    plans = []
+    for b in range(bsz):
+        qnz, knz = qmemb[b].t().nonzero(), kmemb[b].t().nonzero()  # (group, position), group-major, ascending
+        if key_padding_mask is not None:
+            knz = knz[key_padding_mask[b][knz[:, 1]]]  # a padded key is in no part (the same as masking it)
+        qsplit = torch.split(qnz[:, 1], torch.bincount(qnz[:, 0], minlength=kk).tolist())
+        ksplit = torch.split(knz[:, 1], torch.bincount(knz[:, 0], minlength=kk).tolist())
+        for g, (qi, ki) in enumerate(zip(qsplit, ksplit)):
+            if not len(ki):
+                continue
+            qi = qi[qi >= ki[0]]  # queries before the group's first key see none of its keys
+            if len(qi):
+                plans.append(GroupPlan(b, g if lowest else None, qi, True, 1, ki))
+    return plans
 
 
 def _plan_lowest(membership, key_padding_mask) -> list[GroupPlan]:
@@ -186,8 +235,12 @@ def _plan_ie(membership, key_padding_mask, kmax: int) -> list[GroupPlan]:
     return plans
 
 
-def group_mask(plan: GroupPlan, membership, key_padding_mask, r0: int, r1: int) -> torch.Tensor:
-    """Bool ``[r1 - r0, r1]`` mask for rows ``r0:r1`` of a part against its keys ``0:r1``."""
+def group_mask(plan: GroupPlan, membership, key_padding_mask, r0: int, r1: int,
+               qmembership=None) -> torch.Tensor:
+    """Bool ``[r1 - r0, r1]`` mask for rows ``r0:r1`` of a part against its keys ``0:r1``; a roles part (``kidx``):
+    ``[r1 - r0, plan.key_end(r1)]``, ``qmembership`` the queries' groups."""
+    if plan.kidx is not None:
+        return _roles_mask(plan, membership, qmembership, r0, r1)
     dev = plan.idx.device
     rows = torch.arange(r0, r1, device=dev)[:, None]
     allowed = torch.arange(r1, device=dev)[None, :] <= rows
@@ -197,6 +250,20 @@ def group_mask(plan: GroupPlan, membership, key_padding_mask, r0: int, r1: int) 
         allowed &= torch.matmul(low[r0:r1], low.t()) == 0
     if key_padding_mask is not None:
         allowed &= key_padding_mask[plan.b, key_idx][None, :]
+    return allowed
+
+
+def _roles_mask(plan: GroupPlan, kmemb, qmemb, r0: int, r1: int) -> torch.Tensor:
+    """Rows ``r0:r1`` of a roles part against its keys ``:key_end(r1)``: the key is at or before the query and, under
+    the lowest-group rule, shares no group ``< g`` with it (padded keys are not in the part)."""
+    e = plan.key_end(r1)
+    kpos = plan.kidx[:e]
+    qpos = plan.idx[r0:r1]
+    allowed = kpos[None, :] <= qpos[:, None]
+    if plan.g is not None and plan.g > 0:
+        lq = qmemb[plan.b, qpos, :plan.g].float()
+        lk = kmemb[plan.b, kpos, :plan.g].float()
+        allowed &= torch.matmul(lq, lk.t()) == 0
     return allowed
 
 
@@ -288,10 +355,11 @@ def token_major_zeros(p: Problem, *shape) -> torch.Tensor:
 
 
 def gather(x: torch.Tensor, plan: GroupPlan, r0: int = 0, r1: int | None = None, ws: Workspace | None = None,
-           slot: str = "") -> torch.Tensor:
+           slot: str = "", keys: bool = False) -> torch.Tensor:
     """``[1, H, r1 - r0, D]`` rows ``r0:r1`` of the part (a strided view when ``x`` is token-major); into the
-    workspace's ``slot`` when one is given."""
-    idx = plan.idx if (r0 == 0 and r1 is None) else plan.idx[r0:r1]
+    workspace's ``slot`` when one is given. ``keys``: rows of the part's keys (:attr:`GroupPlan.keys`)."""
+    src = plan.keys if keys else plan.idx
+    idx = src if (r0 == 0 and r1 is None) else src[r0:r1]
     if ws is not None:
         return ws.rows(slot, x, plan.b, idx).unsqueeze(0)
     return take_rows(x, plan.b, idx).unsqueeze(0)

@@ -44,7 +44,7 @@ def workspace(p: Problem, plans: list[GroupPlan], overlap: bool) -> Workspace:
         return ws
     t = p.q.shape[2]
     tile, whole = tile_rows(t, overlap), whole_rows(t, overlap)
-    rows = max(len(x.idx) if len(x.idx) <= whole else tile for x in plans)
+    rows = max(max(len(x.idx), len(x.keys)) if x.masked or len(x.idx) <= whole else tile for x in plans)
     for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
         ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
     if any(len(x.idx) > whole and not x.masked for x in plans):  # tiled parts' key blocks (2 tiles)
@@ -58,15 +58,16 @@ def _fwd_fused(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, who
     if not plan.masked and n > whole:  # a big part: query tiles against key blocks, nothing part-sized
         yield from _fwd_tiled(p, plan, ws, tile)
         return
-    kg, vg = gather(p.k, plan, ws=ws, slot="k"), gather(p.v, plan, ws=ws, slot="v")
+    kg, vg = gather(p.k, plan, ws=ws, slot="k", keys=True), gather(p.v, plan, ws=ws, slot="v", keys=True)
     if not plan.masked:  # causal over the part; every row sees itself, so no empty rows
         yield 0, n, *fused_fwd(gather(p.q, plan, ws=ws, slot="q"), kg, vg, None, p.scale)
         return
-    step = flash_rows(n)
+    step = flash_rows(len(plan.keys))
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
-        o, lse = fused_fwd(gather(p.q, plan, r0, r1, ws=ws, slot="q"), kg[:, :, :r1], vg[:, :, :r1], allowed,
+        e = plan.key_end(r1)  # r1, or with query and key roles the part's keys up to row r1 - 1's position
+        allowed = group_mask(plan, p.membership, p.kpm, r0, r1, p.qmembership)
+        o, lse = fused_fwd(gather(p.q, plan, r0, r1, ws=ws, slot="q"), kg[:, :, :e], vg[:, :, :e], allowed,
                                p.scale)
         yield r0, r1, o, lse
         del o, lse, allowed
@@ -102,14 +103,15 @@ def _fwd_tiled(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int):
 
 def _fwd_generic(p: Problem, plan: GroupPlan):
     hq, hkv, d = p.q.shape[1], p.k.shape[1], p.q.shape[-1]
-    kg, vg = gather(p.k, plan), gather(p.v, plan)
+    kg, vg = gather(p.k, plan, keys=True), gather(p.v, plan, keys=True)
     n = len(plan.idx)
-    step = row_chunk(n, hq)
+    step = row_chunk(len(plan.keys), hq)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
+        e = plan.key_end(r1)
+        allowed = group_mask(plan, p.membership, p.kpm, r0, r1, p.qmembership)
         qt = gather(p.q, plan, r0, r1).reshape(1, hkv, hq // hkv, r1 - r0, d)
-        o, lse = block_attn_fwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap)
+        o, lse = block_attn_fwd(qt, kg[:, :, :e], vg[:, :, :e], allowed, p.scale, p.softcap)
         yield r0, r1, o.reshape(1, hq, r1 - r0, d), lse.reshape(1, hq, r1 - r0)
 
 
@@ -123,14 +125,16 @@ def _rows(g: Grads, plan: GroupPlan, r0: int, r1: int):
     return do, o, lse, dlse
 
 
-def _add(acc_t: torch.Tensor, plan: GroupPlan, r0: int, r1: int, x: torch.Tensor) -> None:
-    """``acc_t[b][:, idx[r0:r1]] += sign * x`` (``x`` ``[1 or G..., H, r1 - r0, D]`` flattened to ``[H, n, D]``)."""
-    acc_t[plan.b].index_add_(1, plan.idx[r0:r1], acc(x).reshape(acc_t.shape[1], r1 - r0, -1), alpha=plan.sign)
+def _add(acc_t: torch.Tensor, plan: GroupPlan, r0: int, r1: int, x: torch.Tensor, keys: bool = False) -> None:
+    """``acc_t[b][:, idx[r0:r1]] += sign * x`` (``x`` ``[1 or G..., H, r1 - r0, D]`` flattened to ``[H, n, D]``);
+    ``keys``: rows of the part's keys."""
+    idx = (plan.keys if keys else plan.idx)[r0:r1]
+    acc_t[plan.b].index_add_(1, idx, acc(x).reshape(acc_t.shape[1], r1 - r0, -1), alpha=plan.sign)
 
 
 def _bwd_fused(p: Problem, plan: GroupPlan, g: Grads) -> None:
     n = len(plan.idx)
-    kg, vg = gather(p.k, plan), gather(p.v, plan)
+    kg, vg = gather(p.k, plan, keys=True), gather(p.v, plan, keys=True)
     if not plan.masked:
         step = bwd_tile_rows(p.q.shape[2])
         for r0 in range(0, n, step):
@@ -150,38 +154,40 @@ def _bwd_fused(p: Problem, plan: GroupPlan, g: Grads) -> None:
             _add(g.dq, plan, r0, r1, gq)
         return
     gk_p, gv_p = p.zeros(kg.shape), p.zeros(vg.shape)
-    step = flash_rows(n)
+    step = flash_rows(len(plan.keys))
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
+        e = plan.key_end(r1)
+        allowed = group_mask(plan, p.membership, p.kpm, r0, r1, p.qmembership)
         do, o, lse, dlse = _rows(g, plan, r0, r1)
-        gq, gk, gv = fused_bwd(do, gather(p.q, plan, r0, r1), kg[:, :, :r1], vg[:, :, :r1], o, lse, dlse,
+        gq, gk, gv = fused_bwd(do, gather(p.q, plan, r0, r1), kg[:, :, :e], vg[:, :, :e], o, lse, dlse,
                                    allowed, p.scale)
         _add(g.dq, plan, r0, r1, gq)
-        gk_p[:, :, :r1] += gk
-        gv_p[:, :, :r1] += gv
-    _add(g.dk, plan, 0, n, gk_p)
-    _add(g.dv, plan, 0, n, gv_p)
+        gk_p[:, :, :e] += gk
+        gv_p[:, :, :e] += gv
+    _add(g.dk, plan, 0, len(plan.keys), gk_p, keys=True)
+    _add(g.dv, plan, 0, len(plan.keys), gv_p, keys=True)
 
 
 def _bwd_generic(p: Problem, plan: GroupPlan, g: Grads) -> None:
     hq, hkv, d = p.q.shape[1], p.k.shape[1], p.q.shape[-1]
     gs = hq // hkv
-    kg, vg = gather(p.k, plan), gather(p.v, plan)
-    n = len(plan.idx)
-    gk_p, gv_p = p.zeros(1, hkv, n, d), p.zeros(1, hkv, n, d)
-    step = row_chunk(n, hq)
+    kg, vg = gather(p.k, plan, keys=True), gather(p.v, plan, keys=True)
+    n, nk = len(plan.idx), len(plan.keys)
+    gk_p, gv_p = p.zeros(1, hkv, nk, d), p.zeros(1, hkv, nk, d)
+    step = row_chunk(nk, hq)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         m = r1 - r0
-        allowed = group_mask(plan, p.membership, p.kpm, r0, r1)
+        e = plan.key_end(r1)
+        allowed = group_mask(plan, p.membership, p.kpm, r0, r1, p.qmembership)
         do, o, lse, dlse = _rows(g, plan, r0, r1)
         qt = gather(p.q, plan, r0, r1).reshape(1, hkv, gs, m, d)
-        gq, gk, gv = block_attn_bwd(qt, kg[:, :, :r1], vg[:, :, :r1], allowed, p.scale, p.softcap,
+        gq, gk, gv = block_attn_bwd(qt, kg[:, :, :e], vg[:, :, :e], allowed, p.scale, p.softcap,
                                     do.reshape(1, hkv, gs, m, d), o.reshape(1, hkv, gs, m, d), lse.reshape(1, hkv, gs, m),
                                     None if dlse is None else dlse.reshape(1, hkv, gs, m))
         _add(g.dq, plan, r0, r1, gq)
-        gk_p[:, :, :r1] += gk
-        gv_p[:, :, :r1] += gv
-    _add(g.dk, plan, 0, n, gk_p)
-    _add(g.dv, plan, 0, n, gv_p)
+        gk_p[:, :, :e] += gk
+        gv_p[:, :, :e] += gv
+    _add(g.dk, plan, 0, nk, gk_p, keys=True)
+    _add(g.dv, plan, 0, nk, gv_p, keys=True)
