@@ -163,11 +163,18 @@ def update_config(model, **changes) -> FocusConfig:
     return state.cfg
 
 
-def set_top_k(model, k: int | None, *, backend: str | None = None) -> FocusConfig:
-    """Switch inference sparsity: ``None`` = soft gating, k = hard membership in the top-k groups."""
+_KEEP = object()
+
+
+def set_top_k(model, k: int | None, *, backend: str | None = None, key_top_k=_KEEP) -> FocusConfig:
+    """Switch inference sparsity: ``None`` = soft gating, k = hard membership in the top-k groups. ``key_top_k``:
+    query and key roles (``FocusConfig.key_top_k``; None = symmetric); unless given it is kept, and a ``k`` it
+    cannot be served with is an error naming it (never a silent switch to symmetric routing)."""
     changes = {"top_k": k}
     if backend is not None:
         changes["backend"] = backend
+    if key_top_k is not _KEEP:
+        changes["key_top_k"] = key_top_k
     return update_config(model, **changes)
 
 

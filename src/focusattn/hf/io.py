@@ -202,6 +202,10 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
         have = focus_config(model)
         raise ValueError(f"adapter {path} has K={cfg.num_groups}, d_g={cfg.group_dim} but the model is composed with "
                          f"K={have.num_groups}, d_g={have.group_dim}")
+    elif cfg.key_top_k is not None and focus_config(model).key_top_k != cfg.key_top_k:  # never served symmetrically
+        raise ValueError(f"adapter {path} was saved with query and key roles (key_top_k={cfg.key_top_k}, top_k="
+                         f"{cfg.top_k}) but the model is composed with key_top_k={focus_config(model).key_top_k}: "
+                         f"compose with key_top_k={cfg.key_top_k} or load into an uncomposed model")
     try:
         load_adapter_state(model, tensors, source=str(path / WEIGHTS))
     except ValueError:
