@@ -159,8 +159,8 @@ def _plan_roles(qmemb, kmemb, key_padding_mask) -> list[GroupPlan]:
         qnz, knz = qmemb[b].t().nonzero(), kmemb[b].t().nonzero()  # (group, position), group-major, ascending
         if key_padding_mask is not None:
             knz = knz[key_padding_mask[b][knz[:, 1]]]  # a padded key is in no part (the same as masking it)
-        qsplit = torch.split(qnz[:, 1], torch.bincount(qnz[:, 0], minlength=kk).tolist())
-        ksplit = torch.split(knz[:, 1], torch.bincount(knz[:, 0], minlength=kk).tolist())
+        qsplit = torch.split(qnz[:, 1].contiguous(), torch.bincount(qnz[:, 0], minlength=kk).tolist())
+        ksplit = torch.split(knz[:, 1].contiguous(), torch.bincount(knz[:, 0], minlength=kk).tolist())
         for g, (qi, ki) in enumerate(zip(qsplit, ksplit)):
             if not len(ki):
                 continue
