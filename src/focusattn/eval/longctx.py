@@ -57,8 +57,9 @@ def pairs_kept(model, tokens: np.ndarray) -> float:
     t = x.shape[1]
     shares = []
     for r, routing in zip(routers(model), last_routing(model)):
-        m = routing.membership
-        kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, served_sinks(routing, r.cfg, t))).sum().item()
+        m = routing.membership  # the keys' groups; with query and key roles the queries' are their own
+        kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, served_sinks(routing, r.cfg, t)),
+                             routing.query_membership).sum().item()
         shares.append(kept / (t * (t + 1) / 2))
     return statistics.mean(shares)
 

@@ -5,6 +5,7 @@ One capture forward of the original model per window (``hf.probe.capture``: full
 activations); every mask is evaluated on the same layer inputs and probabilities:
 
 * ``top{k}``: the adapter's routing at hard top-k (what is served);
+* ``top1key{k}``: the same router with query and key roles: query top-1, key top-``k`` (``roles``);
 * ``oracle@top{k}``: per query as many distant keys as ``top{k}`` keeps for it, the most attended ones;
 * ``sliding@top{k}``: a wider window + sinks at the same share of causal pairs (given by the caller);
 * ``random@top{k}``, ``untrained@top{k}``: other routers (other composed models) on the same layer inputs;
@@ -23,26 +24,30 @@ from tqdm.auto import tqdm
 from ..kernels import recall as R
 
 
-def served_keep(router, h: torch.Tensor, k: int) -> R.KeepFn:
+def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -> R.KeepFn:
     """The distant pairs ``router`` serves at hard top-``k`` on layer input ``h`` (whatever top-k its config
-    serves): a shared group, or a global key."""
+    serves): a shared group, or a global key. ``key_top_k``: query and key roles (query top-``k``, key
+    top-``key_top_k``: the query's groups meet the key's)."""
     old = router.cfg
-    router.cfg = dataclasses.replace(old, top_k=k)
+    router.cfg = dataclasses.replace(old, top_k=k, key_top_k=key_top_k)
     try:
         routing = router(h)
     finally:
         router.cfg = old
+    if routing.query_membership is not None:
+        return R.shared_group_keep(routing.query_membership, routing.membership, global_keys=routing.global_keys)
     return R.shared_group_keep(routing.membership, global_keys=routing.global_keys)
 
 
 @torch.no_grad()
 def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | None = None,
                    sliding: dict[str, int] | None = None, kmeans: bool = True, oracle: bool = True,
-                   desc: str = "recall", progress: bool = True) -> dict:
+                   desc: str = "recall", progress: bool = True, roles: tuple[int, ...] = ()) -> dict:
     """Recall of every mask on ``windows`` [N, T] (one prefill each) through composed model ``focus``.
 
     ``others``: name -> another composed model whose routers give ``<name>@top{k}``; ``sliding``: mask name ->
-    window (distant keys within it kept). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
+    window (distant keys within it kept); ``roles``: key top-ks served with query top-1 (``top1key{k}`` and its
+    oracle). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
     :func:`..kernels.recall.summarize_recall` for the fields."""
     from ..hf import focus_config, routers
     from ..hf.probe import capture
@@ -63,6 +68,10 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
             if kmeans:
                 mq, mk = R.kmeans_key_routing(q, k, cfg.num_groups, R.kmeans_query_top(cfg.num_groups, kk))
                 masks[f"kmeans@top{kk}"] = R.shared_group_keep(mq, mk)
+        for kk in roles:
+            masks[f"top1key{kk}"] = served_keep(own[layer], h, 1, kk)
+            if oracle:
+                oracle_of.append(f"top1key{kk}")
         s = R.layer_recall(q, k, masks, window=cfg.window, sink=cfg.sink_tokens, oracle_of=tuple(oracle_of),
                            windows=sliding, scale=scale, softcap=softcap)
         totals[layer] = R.add_recall(totals[layer], s)
