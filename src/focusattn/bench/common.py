@@ -12,7 +12,8 @@ MEMORY_METHOD = ("rise of peak RSS (VmHWM reset via /proc/self/clear_refs) over 
                  "glibc mmap threshold pinned at 128 KiB, malloc_trim before; includes output + temporaries, "
                  "excludes inputs")
 COST_MODEL = ("pairs: full = T(T+1)/2; focus = sum_g n_g(n_g+1)/2 (measured group sizes, ~k^2/K of full when "
-              "balanced) + T*w (window part); theoretical ratio = full / focus ~ 1 / (k^2/K + 2w/T)")
+              "balanced) + T*w (window part); theoretical ratio = full / focus ~ 1 / (k^2/K + 2w/T); query and key "
+              "roles (query top-1, key top-k): sum_g q_g k_g / 2 (~k/K of full) + T*w")
 
 
 def env() -> dict:
@@ -67,21 +68,38 @@ def worst_layer(top_groups: torch.Tensor, t: int, k_groups: int) -> int:
     return max(range(len(costs)), key=costs.__getitem__)
 
 
-def work_ratio(membership: torch.Tensor, window: int) -> float:
+def work_ratio(membership: torch.Tensor, window: int, query_membership: torch.Tensor | None = None) -> float:
     """Full causal pairs over the pairs the kernel really computes: every same-group part of its plan
-    (inclusion–exclusion adds the intersections, each ``n(n+1)/2``) plus the window band ``T (C + w)``."""
+    (inclusion–exclusion adds the intersections, each ``n(n+1)/2``) plus the window band ``T (C + w)``.
+    ``query_membership``: query and key roles, whose parts are masked row chunks of ``fused.roles_rows`` queries
+    against the group's keys up to the chunk's last position (the staircase the fused op computes whole)."""
+    from ..kernels.decomposed.fused import roles_rows
     from ..kernels.decomposed.plan import BAND_BLOCK, plan_groups
 
     t = membership.shape[1]
-    parts = sum(len(x.idx) * (len(x.idx) + 1) / 2 for x in plan_groups(membership, None))
+    plans = plan_groups(membership, None, query_membership=query_membership)
+    if query_membership is None:
+        parts = sum(len(x.idx) * (len(x.idx) + 1) / 2 for x in plans)
+    else:
+        parts = 0
+        for x in plans:
+            step = roles_rows(len(x.idx), len(x.keys))
+            parts += sum((min(len(x.idx), r0 + step) - r0) * x.key_end(min(len(x.idx), r0 + step))
+                         for r0 in range(0, len(x.idx), step))
     band = t * (BAND_BLOCK + min(window, t)) if window > 0 else 0
     return (t * (t + 1) / 2) / (parts + band)
 
 
-def theoretical_ratio(membership: torch.Tensor, window: int) -> float:
+def theoretical_ratio(membership: torch.Tensor, window: int, query_membership: torch.Tensor | None = None) -> float:
+    """Full causal pairs over the cost model's pairs (``COST_MODEL``); ``query_membership``: query and key roles,
+    each group's queries against its keys, half of them earlier (``q_g k_g / 2``)."""
     t = membership.shape[1]
     n = membership[0].sum(0).double()
-    focus = float((n * (n + 1) / 2).sum()) + t * min(window, t)
+    if query_membership is None:
+        same = float((n * (n + 1) / 2).sum())
+    else:
+        same = float((query_membership[0].sum(0).double() * n / 2).sum())
+    focus = same + t * min(window, t)
     return (t * (t + 1) / 2) / focus
 
 

@@ -66,6 +66,19 @@ def flash_rows(n: int) -> int:
     return max(16, min(256, plan.CHUNK_ELEMS // max(1, n)))
 
 
+# Query and key roles: a part's queries come in at least ROLES_CHUNKS row chunks (of at least ROLES_MIN_ROWS rows),
+# each against the part's keys up to its last query: the staircase the op computes whole is then ~1/(2 x chunks) of
+# the rectangle beyond the causal half (one 256-row chunk covers a top-1 group of 2K tokens whole: twice the work).
+ROLES_CHUNKS = 8
+ROLES_MIN_ROWS = 64
+
+
+def roles_rows(n_queries: int, n_keys: int) -> int:
+    """Row chunk of a roles part (:mod:`.plan`, ``kidx``): :func:`flash_rows`, cut to ``1/ROLES_CHUNKS`` of the
+    part's queries (not below ``ROLES_MIN_ROWS``)."""
+    return min(flash_rows(n_keys), max(ROLES_MIN_ROWS, -(-n_queries // ROLES_CHUNKS)))
+
+
 # ------------------------------------------------------------------------------------------------------ CUDA
 def _as4d(allowed):
     while allowed.dim() < 4:

@@ -15,7 +15,7 @@ import torch
 
 from ..lse import acc, acc_dtype, merge_pair, merge_signed_
 from .chunk import block_attn_bwd, block_attn_fwd
-from .fused import flash_rows, fused_bwd, fused_fwd
+from .fused import flash_rows, fused_bwd, fused_fwd, roles_rows
 from .plan import (GroupPlan, Grads, Problem, Workspace, bwd_tile_rows, gather, group_mask, row_chunk, take_rows,
                    tile_rows, whole_rows)
 
@@ -62,7 +62,7 @@ def _fwd_fused(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, who
     if not plan.masked:  # causal over the part; every row sees itself, so no empty rows
         yield 0, n, *fused_fwd(gather(p.q, plan, ws=ws, slot="q"), kg, vg, None, p.scale)
         return
-    step = flash_rows(len(plan.keys))
+    step = _masked_rows(plan)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         e = plan.key_end(r1)  # r1, or with query and key roles the part's keys up to row r1 - 1's position
@@ -71,6 +71,11 @@ def _fwd_fused(p: Problem, plan: GroupPlan, ws: Workspace | None, tile: int, who
                                p.scale)
         yield r0, r1, o, lse
         del o, lse, allowed
+
+
+def _masked_rows(plan: GroupPlan) -> int:
+    """Rows per masked fused call of a part (roles parts: :func:`.fused.roles_rows`)."""
+    return flash_rows(len(plan.keys)) if plan.kidx is None else roles_rows(len(plan.idx), len(plan.kidx))
 
 
 def _merge_into(o, lse, o2, l2):
@@ -154,7 +159,7 @@ def _bwd_fused(p: Problem, plan: GroupPlan, g: Grads) -> None:
             _add(g.dq, plan, r0, r1, gq)
         return
     gk_p, gv_p = p.zeros(kg.shape), p.zeros(vg.shape)
-    step = flash_rows(len(plan.keys))
+    step = _masked_rows(plan)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         e = plan.key_end(r1)
