@@ -173,3 +173,25 @@ def test_dispatch_never_takes_the_pigeonhole_shortcut_with_roles():
     q = torch.randn(1, 2, 30, 8)
     assert dispatch.choose(q, q, km, 2) == "causal"
     assert dispatch.choose(q, q, km, 2, query_membership=qm) != "causal"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("varlen_fn", ["auto", None])
+def test_roles_on_cuda_match_the_reference(dtype, varlen_fn):
+    """On CUDA a roles call never takes the packed call (whose causal rule is by list index): part by part on the
+    fused op, forward and backward equal to the float32 reference."""
+    q, k, v, km, qm, kpm = (x.cuda() if x is not None else None for x in _case(4, 2, 6, 2, 300, 300, 8, 2, d=64,
+                                                                                 padded=True))
+    ws = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    rs = [t.clone().requires_grad_() for t in (q, k, v)]
+    cot = torch.randn(2, 6, 300, 64, device="cuda")
+    out, lse = decomposed_focus_attention(*ws, km, 16, key_padding_mask=kpm, query_membership=qm, return_lse=True,
+                                          varlen_fn=varlen_fn)
+    ref, ref_lse = dense_focus_attention(*rs, km, 16, key_padding_mask=kpm, query_membership=qm, return_lse=True)
+    (out.float() * cot).sum().backward()
+    (ref * cot).sum().backward()
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    assert_close(out.float(), ref, atol=tol, rtol=tol, name="out")
+    for a, r, n in zip(ws, rs, "qkv"):
+        assert_close(a.grad.float(), r.grad, atol=tol * 5, rtol=tol * 5, name=f"d{n}")
