@@ -51,9 +51,11 @@ def test_groups_cli_table_and_stability_against_a_checkpoint(tmp_path, tiny_dir,
                  "--eval-windows", "1", "--steps", "2", "--checkpoint-every", "1", "--eval-top-k", "1"]) == 0
     out = tmp_path / "g"
     rc = main(["groups", *base, "--adapter", str(run), "--out", str(out), "--eval-windows", "2", "--layers", "0,1",
-               "--compare", str(run / "checkpoint.pt"), "--examples", "2"])
+               "--compare", str(run / "checkpoint.pt"), "--examples", "2", "--key-top-k", "2"])
     assert rc == 0
     g = json.loads((out / "groups.json").read_text())
+    kept = g["pairs_kept"]  # query top-1 / key top-2 keeps between symmetric top-1 and top-2
+    assert kept["top1"] <= kept["top1key2"] <= kept["top2"] and kept["top1"] < kept["top2"]
     assert set(g["tables"]) == {"0", "1"} and len(g["tables"]["1"]) == 4
     for rows in g["tables"].values():
         assert sum(r["share"] for r in rows) == pytest.approx(1.0)

@@ -91,7 +91,7 @@ def _groups(a) -> int:
     set_threads(a.threads)
     res = groups_report(a.model, a.adapter, a.data, seq_len=a.seq_len, windows=a.eval_windows,
                         top_ks=list(ints(a.top_k, "top_k")), layers=list(ints(a.layers, "layers")),
-                        compare=a.compare or None,
+                        compare=a.compare or None, roles=list(ints(a.key_top_k, "key_top_k")),
                         per_group=a.per_group, examples=a.examples, command=a.command_line)
     write_json(Path(a.out) / "groups.json", res)
     write_text(Path(a.out) / "groups.md", groups_markdown(res) + "\n")
@@ -159,6 +159,8 @@ def register(sub) -> None:
     p.add_argument("--seq-len", type=int, default=512, help="tokens per window (at most the model's positions)")
     add_eval_windows(p, 2)
     p.add_argument("--top-k", default="", help="comma list (default 1..K/2)")
+    p.add_argument("--key-top-k", default="", help="comma list of key top-ks served with query top-1 (query and key "
+                   "roles): pairs kept as top1key<k> (default none)")
     p.add_argument("--layers", default="", help="layers whose tokens per group are listed (default first/middle/last)")
     p.add_argument("--update-summary", default="", help="retrofit summary.json (or its run folder) to add pairs_kept to")
     p.add_argument("--compare", default="", help="a second adapter, or a retrofit checkpoint.pt: stability of each "

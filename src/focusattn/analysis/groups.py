@@ -17,18 +17,22 @@ from ..kernels.reference import focus_allowed
 
 
 @torch.no_grad()
-def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
+def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
     """Run ``windows`` [N, T] through the composed model (soft mode, eval) and summarise every layer's routing.
 
     Returns ``{"layers": [...], "pairs_kept": {"top1": share, ...}}``; pairs are counted over all layers and windows
-    with the model's window and sink settings, as a share of all causal pairs.
+    with the model's window and sink settings, as a share of all causal pairs. ``roles``: key top-ks served with
+    query top-1 (query and key roles), counted as ``"top1key{k}"``.
     """
+    from ..focus.config import FocusConfig
+    from ..focus.router import hard_memberships
+
     model.eval()
     device = next(model.parameters()).device
     rs = routers(model)
     counts = [None] * len(rs)
     conf = [0.0] * len(rs)
-    kept = {k: 0 for k in top_ks}
+    kept = {f"top{k}": 0 for k in top_ks} | {f"top1key{k}": 0 for k in roles}
     causal_pairs = 0
     n = 0
     for w in windows:
@@ -44,14 +48,18 @@ def group_stats(model, windows: np.ndarray, top_ks=()) -> dict:
             sinks = sink_key_mask(t, served_sinks(routings[i], r.cfg, t, device=device), device=device)
             for k in top_ks:
                 member = topk_membership(g, k)
-                kept[k] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()
+                kept[f"top{k}"] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()
+            for k in roles:
+                km, qm = hard_memberships(g, FocusConfig(num_groups=r.cfg.num_groups, top_k=1, key_top_k=k))
+                qm = km if qm is None else qm
+                kept[f"top1key{k}"] += focus_allowed(km, r.cfg.window, t, sinks, qm).sum().item()
             causal_pairs += t * (t + 1) // 2
         n += w.shape[-1]
     layers = []
     for i, c in enumerate(counts):
         share = (c.float() / c.sum()).tolist()
         layers.append({"layer": i, "dominance": max(share), "confidence": conf[i] / n, "group_share": share})
-    return {"layers": layers, "pairs_kept": {f"top{k}": kept[k] / causal_pairs for k in top_ks}}
+    return {"layers": layers, "pairs_kept": {n: v / causal_pairs for n, v in kept.items()}}
 
 
 @torch.no_grad()
@@ -172,7 +180,7 @@ def _load_routed(model_spec: str, adapter: str, like=None):
 
 def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, windows: int, top_ks, layers,
                   compare: str | None = None, per_group: int = 8, examples: int = 3,
-                  command: str | None = None) -> dict:
+                  command: str | None = None, roles=()) -> dict:
     """Load a base model plus a saved adapter and measure its routing on held-out data: statistics, a table per
     chosen layer (share, frequent tokens with purity, examples in context) and, with ``compare`` (a second adapter
     or a ``checkpoint.pt``), the stability of each token's group between the two."""
@@ -190,7 +198,10 @@ def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, win
     bad = [li for li in layers if not 0 <= li < n_layers]
     if bad:
         raise ValueError(f"--layers {bad}: the model has layers 0..{n_layers - 1}")
-    stats = group_stats(model, w, top_ks)
+    bad = [k for k in roles if not 1 <= k <= k_max]
+    if bad:
+        raise ValueError(f"--key-top-k {bad}: allowed integers in 1..{k_max} (key top-k with query top-1)")
+    stats = group_stats(model, w, top_ks, roles)
     arg = assignments(model, w, layers)
     tables = {str(li): group_table(w, arg[li], k_max, tok, per_group=per_group, examples=examples) for li in layers}
     res = {"command": command, "model": model_spec, "adapter": str(adapter), "data": data, "seq_len": seq_len,
