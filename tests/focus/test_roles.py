@@ -137,3 +137,17 @@ def test_adapter_round_trips_roles_and_refuses_a_symmetric_model(tmp_path):
     fa.compose(symmetric, dataclasses.replace(CFG, key_top_k=None))
     with pytest.raises(ValueError, match="key_top_k=2"):
         fa.load_adapter(symmetric, tmp_path / "a")
+
+
+def test_balance_stats_count_the_roles_cost():
+    from focusattn.analysis.balance import routing_stats
+
+    m = _model()
+    with torch.no_grad():
+        m(_ids(t=64))
+    roles = routing_stats(m, 64)
+    fa.set_top_k(m, 2, key_top_k=None)
+    with torch.no_grad():
+        m(_ids(t=64))
+    top2 = routing_stats(m, 64)
+    assert roles["mean_cost_model_ratio"] > top2["mean_cost_model_ratio"]  # q_g k_g / 2 < k_g (k_g + 1) / 2
