@@ -1,7 +1,8 @@
 """Query and key roles measured without training: one trained router served three ways on held-out text — symmetric
 top-1, symmetric top-2, and query top-1 / key top-k (``FocusConfig(top_k=1, key_top_k=k)``) — with, per mask, the
 share of causal pairs kept, the share of the original model's distant attention dropped (and the oracle's at the
-same budget), and the perplexity against the original on the same windows.
+same budget), the perplexity against the original on the same windows, and long-eval's probes (repeat-copy
+perplexity and passkey accuracy, out-of-domain filler) for each.
 
     python scripts/roles_eval.py --adapter smollm2-135m-focus-k8 --out docs/results/long_eval_k8_roles.json
 
@@ -25,6 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("--recall-windows", type=int, default=1, help="windows per corpus for attention recall")
     p.add_argument("--ppl-windows", type=int, default=2, help="windows per corpus for perplexity")
     p.add_argument("--key-top-k", type=int, default=2, help="key top-k served with query top-1")
+    p.add_argument("--no-probes", action="store_true", help="skip repeat-copy and passkey")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--out", required=True, help="JSON file to write")
     a = p.parse_args(argv)
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     from focusattn.data.tokens import check_length, eval_windows, tokenize
     from focusattn.eval.longctx import pairs_kept
     from focusattn.eval.perplexity import perplexity
+    from focusattn.eval.probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
     from focusattn.eval.recall import measure_recall
     from focusattn.hf import set_top_k
     from focusattn.hf.pair import load_pair
@@ -80,6 +83,19 @@ def main(argv=None) -> int:
                                                                   for lay in rec["layers"]] for n in serve}}
         print(split, {n: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                       for n, r in rows.items()}, flush=True)
+    if not a.no_probes:  # as long-eval builds them at this length: filler from the out-of-domain text
+        distance = min(1024, t // 2)
+        tests = {"passkey": passkey_sequences(val["ood"], tok, t, depths=(0.1, 0.5, 0.9), per_depth=1),
+                 "repeat": repeat_copy_sequences(val["ood"], t, passage=min(256, distance), distance=distance, n=2)}
+        probes = {}
+        for name, m, setup in [("original", base, None)] + [(n, focus, s) for n, s in serve.items()]:
+            if setup is not None:
+                set_top_k(focus, setup["k"], key_top_k=setup["key_top_k"])
+            probes[name] = {"repeat_ppl": repeat_copy_ppl(m, tests["repeat"], desc=f"repeat {name}")["ppl"],
+                            "passkey": passkey_accuracy(m, tests["passkey"], desc=f"passkey {name}")["accuracy"]}
+            print(name, probes[name], flush=True)
+        doc["probes"] = {"filler": a.ood_data, "passkey_depths": [0.1, 0.5, 0.9], "repeat_distance": distance,
+                         "repeat_n": 2, "results": probes}
     doc["wall_s"] = round(time.time() - t0, 1)
     write_json(a.out, doc)
     return 0
