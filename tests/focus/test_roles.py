@@ -29,7 +29,7 @@ def _model(cfg=CFG, arch="llama"):
 
 @pytest.mark.parametrize("changes,match", [
     (dict(top_k=2, key_top_k=3), "key_top_k=3: allowed None with top_k=2"),
-    (dict(top_k=None, key_top_k=2), "key_top_k=2: allowed None with top_k=None"),
+    (dict(top_k=3, key_top_k=2), "key_top_k=2: allowed None with top_k=3"),
     (dict(top_k=1, key_top_k=5), r"key_top_k=5: allowed None \(symmetric\) or an integer in 1..num_groups \(4\)"),
     (dict(top_k=1, key_top_k=0), "key_top_k=0"),
     (dict(top_k=1, key_top_k=True), "key_top_k=True"),
@@ -90,6 +90,11 @@ def test_set_top_k_keeps_roles_or_names_them():
     m = _model()
     with pytest.raises(ValueError, match="key_top_k=2: allowed None with top_k=2"):
         fa.set_top_k(m, 2)
+    soft = fa.set_top_k(m, None)  # the soft gate keeps the setting for the next hard top-1
+    assert soft.key_top_k == 2 and not soft.roles
+    with torch.no_grad():
+        m(_ids())
+    assert last_routing(m)[0].membership is None
     assert fa.set_top_k(m, 1).key_top_k == 2
     assert fa.set_top_k(m, 2, key_top_k=None).key_top_k is None
 

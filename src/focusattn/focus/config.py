@@ -25,7 +25,8 @@ class FocusConfig:
     key_top_k: separate query and key roles (not in the paper): ``None`` = symmetric (a token's groups as a key are
         its ``top_k`` groups as a query); k = each token is a *key* of its ``k`` highest-scoring groups and a
         *query* of its ``top_k`` (one router, the same scores). Only ``top_k=1`` is served exactly with roles (each
-        pair is then counted in the query's one group); e.g. ``top_k=1, key_top_k=2`` keeps about ``2/K`` of the
+        pair is then counted in the query's one group; ``top_k=None``, the soft training gate, keeps the setting
+        for when hard routing is served); e.g. ``top_k=1, key_top_k=2`` keeps about ``2/K`` of the
         distant pairs. See docs/DESIGN.md "Query and key roles".
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
@@ -85,7 +86,7 @@ class FocusConfig:
             if isinstance(self.key_top_k, bool) or not isinstance(self.key_top_k, int) \
                     or not 1 <= self.key_top_k <= self.num_groups:
                 bad("key_top_k", f"None (symmetric) or an integer in 1..num_groups ({self.num_groups})")
-            if self.top_k != 1:
+            if self.top_k not in (None, 1):  # None: the soft gate (training), which serves no hard mask
                 bad("key_top_k", f"None with top_k={self.top_k!r} (query and key roles are served exactly only with "
                     "top_k=1: set top_k=1, or key_top_k=None for symmetric routing)")
         if not 0.0 <= self.offset_momentum < 1.0:
@@ -107,8 +108,8 @@ class FocusConfig:
 
     @property
     def roles(self) -> bool:
-        """Query and key memberships differ (``key_top_k`` set and not equal to ``top_k``)."""
-        return self.key_top_k is not None and self.key_top_k != self.top_k
+        """Hard routing whose query and key memberships differ (``key_top_k`` set and not equal to ``top_k``)."""
+        return self.key_top_k is not None and self.top_k is not None and self.key_top_k != self.top_k
 
     @property
     def served_key_top_k(self) -> int | None:
