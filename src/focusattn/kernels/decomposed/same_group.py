@@ -44,7 +44,8 @@ def workspace(p: Problem, plans: list[GroupPlan], overlap: bool) -> Workspace:
         return ws
     t = p.q.shape[2]
     tile, whole = tile_rows(t, overlap), whole_rows(t, overlap)
-    rows = max(max(len(x.idx), len(x.keys)) if x.masked or len(x.idx) <= whole else tile for x in plans)
+    # a roles part (kidx) gathers all its keys and its queries in row chunks
+    rows = max(len(x.kidx) if x.kidx is not None else len(x.idx) if len(x.idx) <= whole else tile for x in plans)
     for slot, x in (("q", p.q), ("k", p.k), ("v", p.v)):
         ws.reserve(slot, x.shape[1] * rows * x.shape[-1], x)
     if any(len(x.idx) > whole and not x.masked for x in plans):  # tiled parts' key blocks (2 tiles)
