@@ -104,15 +104,20 @@ def check_lengths(lengths, param: str, positions: int | None) -> tuple[int, ...]
 # ------------------------------------------------------------------------------------------------ the adapter
 def adapter_groups(spec, param: str = "adapter") -> int | None:
     """K of the Focus adapter ``spec`` (shipped name, adapter or run folder), read from its config alone; None for a
-    LoRA (peft) adapter, which has no groups. An unknown or corrupt adapter names ``param``."""
+    LoRA (peft) or Lazy (Elastic-Softmax) adapter, which has no groups. An unknown or corrupt adapter names
+    ``param``."""
     from .adapters import resolve
     from .focus.config import FocusConfig
     from .hf.io import read_adapter_config
+    from .hf.lazy import is_lazy_adapter, read_lazy_config
     from .hf.lora import is_lora_adapter
 
     try:
         folder = resolve(spec)
         if is_lora_adapter(folder):
+            return None
+        if is_lazy_adapter(folder):
+            read_lazy_config(folder)
             return None
         return FocusConfig.from_dict(read_adapter_config(folder)["focus_config"]).num_groups
     except (ValueError, OSError) as e:  # the adapter's own message names the file and the fault

@@ -123,3 +123,22 @@ def test_eval_lora_adapter(tmp_path, tiny_llama_dir):
     assert main(args + ["--out", str(tmp_path / "base")]) == 0
     base = json.loads((tmp_path / "base" / "eval.json").read_text())["results"]["focus_cloze_short"]["original"]
     assert base["perplexity"]["value"] == pytest.approx(by["original"]["perplexity"]["value"], rel=1e-6)
+
+
+def test_eval_lazy_adapter(tmp_path, tiny_llama_dir):
+    """A Lazy folder from `retrofit --method lazy` is evaluated as one mode, against the original."""
+    import focusattn as fa
+    from focusattn.hf.lazy import compose_lazy, save_lazy_adapter
+    from focusattn.lazy import ElasticConfig
+
+    model, _ = fa.load_model(str(tiny_llama_dir / "llama"))
+    compose_lazy(model, ElasticConfig(tau_init=1.5))
+    save_lazy_adapter(model, tmp_path / "lazy")
+    out = tmp_path / "ev"
+    args = ["eval", "--model", str(tiny_llama_dir / "llama"), "--tasks", "focus_cloze_short", "--limit", "2",
+            "--bootstrap-iters", "10", "--batch-size", "8"]
+    rc = main(args + ["--adapter", str(tmp_path / "lazy"), "--out", str(out)])
+    res = json.loads((out / "eval.json").read_text())
+    assert rc == 0 and res["modes"] == ["original", "lazy"] and res["focus_config"]["lazy"]["tau_init"] == 1.5
+    by = res["results"]["focus_cloze_short"]
+    assert by["lazy"]["perplexity"]["value"] != by["original"]["perplexity"]["value"]

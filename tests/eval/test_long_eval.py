@@ -127,3 +127,23 @@ def test_adapters_load_by_name_and_refuse_another_k(adapter_dir, monkeypatch, tm
     fa.compose(other, fa.FocusConfig(num_groups=8))
     with pytest.raises(ValueError, match="K=4"):
         fa.load_adapter(other, "test-adapter")
+
+
+def test_long_eval_of_a_lazy_adapter_on_the_real_model(tmp_path):
+    """A Lazy adapter: the original and Elastic-Softmax rows on the same inputs; a small tau changes little, and
+    tau = 0 (free) would be the original exactly (tests/hf/test_lazy.py)."""
+    from focusattn.hf.lazy import compose_lazy, save_lazy_adapter
+    from focusattn.lazy import ElasticConfig
+
+    model, _ = fa.load_model("smollm2-135m")
+    compose_lazy(model, ElasticConfig(tau_init=0.05, train_tau=False))
+    save_lazy_adapter(model, tmp_path / "lazy")
+    out = tmp_path / "le"
+    rc = main(["long-eval", "--adapter", str(tmp_path / "lazy"), "--lengths", "320", "--ppl-windows", "1",
+               "--repeat-n", "1", "--threads", "2", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "long_eval.json").read_text())
+    orig, lazy = doc["results"]
+    assert (orig["variant"], lazy["variant"]) == ("original", "lazy") and doc["lazy_config"]["tau_init"] == 0.05
+    assert lazy["ppl_domain"] != orig["ppl_domain"]
+    assert abs(lazy["ppl_domain"] / orig["ppl_domain"] - 1) < 0.1

@@ -140,3 +140,54 @@ def test_bfloat16_inputs_are_computed_in_float32():
     assert half.dtype == torch.bfloat16
     # bf16 rounding of the inputs alone moves outputs by ~1e-2 here (all-bf16 arithmetic measured ~2e-2).
     assert (half.float() - ref).abs().max() < 1.5e-2
+
+
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 2), tk=st.integers(1, 20), dq=st.integers(0, 5),
+       w=st.integers(1, 24), seed=st.integers(0, 10_000))
+def test_all_true_mask_is_the_unmasked_kernel(b, hkv, g, tk, dq, w, seed):
+    """The model-mask path (reference) equals the chunked kernel when the mask removes nothing: outputs, grads."""
+    tq = max(1, tk - dq)
+    xs = _inputs(b, hkv, g, tq, tk, 4, w, seed, torch.float64)
+    allowed = torch.ones(b, 1, tq, tk, dtype=torch.bool)
+    for got, want in zip(_run("chunked", xs, allowed=allowed), _run("chunked", xs)):
+        assert torch.allclose(got, want, atol=1e-10)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tk=st.integers(2, 16), window=st.integers(1, 6), pad=st.integers(0, 4), seed=st.integers(0, 10_000),
+       softcap=st.one_of(st.none(), st.floats(0.5, 5.0)))
+def test_masked_rule_by_hand(tk, window, pad, seed, softcap):
+    """Row by row: softmax over the keys the mask and causality allow, threshold tau / (their count), no
+    renormalisation; a row that may see nothing keeps nothing."""
+    pad = min(pad, tk - 1)
+    q, k, v, tau, bias = (t.detach() for t in _inputs(1, 1, 2, tk, tk, 4, 8, seed, torch.float64, 0.0, 1.5))
+    i = torch.arange(tk)[:, None]
+    j = torch.arange(tk)[None]
+    allowed = ((i - j < window) & (j >= pad))[None, None]
+    out = lazy_attention(q, k, v, tau, bias, allowed=allowed, softcap=softcap)
+    kk = k.expand(1, 2, tk, 4)
+    vv = v.expand(1, 2, tk, 4)
+    for h in range(2):
+        for r in range(tk):
+            keys = [c for c in range(r + 1) if bool(allowed[0, 0, r, c])]
+            want = torch.zeros(4, dtype=torch.float64)
+            if keys:
+                s = (q[0, h, r] @ kk[0, h, keys].T) / 2.0
+                if softcap is not None:
+                    s = softcap * torch.tanh(s / softcap)
+                s = s + distance_bias(bias, torch.tensor([r - c for c in keys]))[h]
+                p = torch.softmax(s, -1)
+                a = torch.relu(p - tau[h] / len(keys))
+                want = a @ vv[0, h, keys]
+            assert torch.allclose(out[0, h, r], want, atol=1e-10), (h, r)
+    w = elastic_weights(q, k, tau, bias, allowed=allowed, softcap=softcap)
+    assert torch.allclose(w @ vv, out, atol=1e-10)
+
+
+def test_bad_mask_names_the_argument():
+    xs = [t.detach() for t in _inputs(1, 1, 1, 4, 4, 2, 4, 0, torch.float32)]
+    with pytest.raises(ValueError, match="allowed must be a bool mask"):
+        lazy_attention(*xs, allowed=torch.ones(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="softcap"):
+        lazy_attention(*xs, softcap=-1.0)

@@ -174,6 +174,9 @@ def _load_routed(model_spec: str, adapter: str, like=None):
         compose(model, FocusConfig.from_dict(read_adapter_config(resolve(like))["focus_config"]))
         load_adapter_state(model, load_checkpoint(Path(adapter).parent)["trainable"], source=f"checkpoint {adapter}")
     else:
+        from ..adapters import resolve
+
+        read_adapter_config(resolve(adapter))  # a Lazy or LoRA adapter has no groups: named, one line
         load_adapter(model, adapter)
     return model, tok
 

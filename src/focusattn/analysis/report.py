@@ -10,6 +10,8 @@ def retrofit_table(s: dict) -> str:
     """Markdown summary of one retrofit ``summary.json``."""
     if s.get("method") == "lora":
         return lora_table(s)
+    if s.get("method") in ("lazy", "lazy+lora"):
+        return lazy_table(s)
     cfg, par, ppl = s["config"], s["parameters"], s["perplexity"]
     f = cfg["focus"]
     lines = [
@@ -45,6 +47,36 @@ def retrofit_table(s: dict) -> str:
               "|---|" + "---|" * len(g),
               "| dominance | " + " | ".join(f"{x['dominance']:.2f}" for x in g) + " |",
               "| confidence | " + " | ".join(f"{x['confidence']:.2f}" for x in g) + " |",
+              "", f"adapter: `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
+    return "\n".join(lines)
+
+
+def lazy_table(s: dict) -> str:
+    """Markdown summary of a Lazy retrofit ``summary.json`` (``focusattn retrofit --method lazy``)."""
+    cfg, par, ppl, lz = s["config"], s["parameters"], s["perplexity"], s["lazy"]
+    e = cfg["lazy"]
+    lora = f" + LoRA r={cfg['lora_rank']} on q,k" if s["method"] == "lazy+lora" else ""
+    tau = [x for layer in lz["tau"] for x in layer]
+    att = lz["attention"]
+    lines = [
+        f"model `{cfg['model']}`, data `{cfg['data']}`, {cfg['steps']} steps x {cfg['batch_size'] * cfg['grad_accum']}"
+        f" x {cfg['seq_len']} tokens; Elastic-Softmax, tau from {e['tau_init']:g} ({e['tau_mode']}"
+        f"{', trained' if e['train_tau'] else ', frozen'}){', distance table' if e['use_bias'] else ''}{lora}",
+        "",
+        f"trainable parameters: {par['trainable']:,} ({par['percent']:.3f}% of {par['total']:,}); tau after "
+        f"training: mean {sum(tau) / len(tau):.3g}, min {min(tau):.3g}, max {max(tau):.3g}",
+        "",
+        "| split | before | after: Lazy |",
+        "|---|---|---|",
+    ]
+    for split in ("domain", "ood"):
+        if split in ppl["after"]:
+            name = cfg["ood_data"] if split == "ood" else cfg["data"]
+            lines.append(f"| {split} ({name}) | {_f(ppl['before'].get(split))} | {_f(ppl['after'][split]['lazy'])} |")
+    u = att["uniform_sink_mass"]
+    lines += ["", f"exact zeros {100 * att['mean']['sparsity']:.1f}% of causal pairs; surviving mass "
+              f"{att['mean']['surviving_mass']:.3f}; first-token share {att['mean']['sink_share'] / u:.1f}x uniform "
+              f"(largest layer {max(att['per_layer']['sink_share']) / u:.1f}x)",
               "", f"adapter: `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
     return "\n".join(lines)
 

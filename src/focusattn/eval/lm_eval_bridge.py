@@ -168,11 +168,17 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
     from ..hf import is_composed, load_adapter, load_model, set_top_k, unload
     from ..hf.compose import focus_config
 
+    from ..hf.lazy import elastic_config, is_lazy_adapter, load_lazy_adapter
     from ..hf.lora import is_lora_adapter, load_lora
 
     model, tok = load_model(model_spec)
     cfg, peft_model = None, None
-    if adapter_dir is not None and is_lora_adapter(adapter_dir):  # a LoRA baseline (`retrofit --method lora`)
+    if adapter_dir is not None and is_lazy_adapter(adapter_dir):  # Elastic-Softmax (`retrofit --method lazy`)
+        load_lazy_adapter(model, adapter_dir)  # refuses a foreign/corrupt adapter before anything is evaluated
+        cfg = {"lazy": elastic_config(model).to_dict()}
+        unload(model)
+        modes = ["lazy"]
+    elif adapter_dir is not None and is_lora_adapter(adapter_dir):  # a LoRA baseline (`retrofit --method lora`)
         peft_model = load_lora(model, adapter_dir)  # refuses a foreign adapter before anything is evaluated
         model = peft_model.get_base_model()  # LoRA layers sit in it; disable_adapter() gives the original
         cfg = {"lora": {k: peft_model.peft_config["default"].to_dict()[k] for k in ("r", "lora_alpha")}}
@@ -193,7 +199,7 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
 
     results, n_samples, breakdowns, seconds = {}, {}, {}, {}
     out = Path(out)
-    all_modes = [ORIGINAL] + [k if k == "lora" else mode_name(k) for k in modes]
+    all_modes = [ORIGINAL] + [k if k in ("lora", "lazy") else mode_name(k) for k in modes]
     done: list[str] = []
 
     def _result(done_modes: list[str], complete: bool) -> dict:
@@ -222,9 +228,12 @@ def run_eval(model_spec: str, tasks: str, out: str | Path, *, adapter: str | Non
         }
 
     for mode in [ORIGINAL] + modes:
-        name = mode if mode in (ORIGINAL, "lora") else mode_name(mode)
+        name = mode if mode in (ORIGINAL, "lora", "lazy") else mode_name(mode)
         if peft_model is not None:
             pass  # the LoRA layers are switched off for the original below
+        elif mode == "lazy":
+            load_lazy_adapter(model, adapter_dir)
+            model.eval()
         elif mode != ORIGINAL:
             if not is_composed(model):
                 load_adapter(model, adapter_dir)

@@ -42,7 +42,23 @@ def register(sub) -> None:
 
 def _run(a) -> int:
     from .._cli_common import check_long_eval
+    from ..adapters import resolve
+    from ..hf.lazy import is_lazy_adapter
     from .longctx import run_long_eval
+
+    try:
+        lazy = is_lazy_adapter(resolve(a.adapter))
+    except ValueError:
+        lazy = False  # an unknown adapter: run_long_eval's own one-line error
+    if lazy:  # Elastic-Softmax: the original and the adapter, no top-k or budget baselines
+        from .long_lazy import run_long_eval_lazy
+
+        doc = run_long_eval_lazy(a.out, model=a.model, adapter=a.adapter, lengths=_ints(a.lengths), data=a.data,
+                                 ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
+                                 ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth,
+                                 repeat_n=a.repeat_n, threads=a.threads, command=getattr(a, "command_line", None))
+        print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
+        return 0
 
     baselines, variants = check_long_eval(top_ks=a.top_k, baselines=a.baselines, variants=a.variants,
                                           soft=not a.no_soft)

@@ -83,9 +83,14 @@ def last_routing(model) -> list[Routing | None]:
 
 def compose(model, cfg: FocusConfig | None = None):
     """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
+    from .lazy import is_lazy
+
     cfg = cfg or FocusConfig()
     if is_composed(model):
         raise ValueError("model already has Focus routers: call focusattn.unload(model) first")
+    if is_lazy(model):
+        raise ValueError("model has a Lazy (Elastic-Softmax) adapter: Focus and Lazy adapters cannot be combined; "
+                         "call focusattn.unload(model) first")
     modules = attention_modules(model)  # raises for unsupported architectures
     attention_fn.register()
     frozen = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -111,7 +116,12 @@ def compose(model, cfg: FocusConfig | None = None):
 
 def unload(model):
     """Remove Focus from a composed model (PEFT's name): every router, routing cache and hook goes, the original
-    attention implementation and trainability come back. In place; returns the model."""
+    attention implementation and trainability come back. In place; returns the model. A model with a Lazy
+    (Elastic-Softmax) adapter loses its thresholds (and LoRA layers) the same way."""
+    from .lazy import is_lazy, unload_lazy
+
+    if is_lazy(model):
+        return unload_lazy(model)
     state = _state(model)
     for h in state.hooks:
         h.remove()

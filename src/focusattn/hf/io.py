@@ -126,6 +126,10 @@ def read_adapter_config(path: str | os.PathLike) -> dict:
         raise ValueError(f"adapter {path} is a {meta['peft_type']} adapter in peft's format (`focusattn retrofit "
                         "--method lora`), not a Focus adapter: this command needs one from `focusattn retrofit` "
                         "(only `focusattn eval` also takes LoRA)")
+    if meta.get("adapter_type") == "lazy":
+        raise ValueError(f"adapter {path} is a Lazy (Elastic-Softmax) adapter (`focusattn retrofit --method lazy`), "
+                         "not a Focus adapter: this needs one from `focusattn retrofit` (load it with "
+                         "focusattn.load_adapter; `focusattn eval` and `long-eval` take both)")
     unknown = sorted(set(meta) - set(FIELDS))
     missing = sorted(set(FIELDS) - OPTIONAL - set(meta))
     if unknown or missing:
@@ -171,8 +175,13 @@ def read_adapter_tensors(path: str | os.PathLike, meta: dict | None = None) -> d
 def verify_adapter(path: str | os.PathLike) -> dict:
     """Check an adapter folder without a model (config, checksum, tensor file); return its config."""
     from ..adapters import resolve
+    from .lazy import is_lazy_adapter, read_lazy_config, read_lazy_tensors
 
     path = resolve(path)
+    if is_lazy_adapter(path):
+        meta = read_lazy_config(path)
+        read_lazy_tensors(path, meta)
+        return meta
     meta = read_adapter_config(path)
     read_adapter_tensors(path, meta)
     return meta
@@ -182,10 +191,17 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
     """Compose ``model`` with the saved config (unless already composed) and load the router tensors strictly.
 
     ``path``: an adapter folder or the name of a shipped adapter (``focusattn.adapters.shipped()``). Routers take the
-    model's current train/eval mode. An already composed model must have the adapter's number of groups."""
+    model's current train/eval mode. An already composed model must have the adapter's number of groups. A Lazy
+    (Elastic-Softmax) adapter folder is loaded by :func:`focusattn.hf.lazy.load_lazy_adapter`."""
     from ..adapters import resolve
+    from .lazy import is_lazy, is_lazy_adapter, load_lazy_adapter
 
     path = resolve(path)
+    if is_lazy_adapter(path):
+        return load_lazy_adapter(model, path, check_base=check_base)
+    if is_lazy(model):
+        raise ValueError(f"adapter {path} is a Focus adapter and this model has a Lazy (Elastic-Softmax) adapter: "
+                         "call focusattn.unload(model) first (Focus and Lazy adapters cannot be combined)")
     meta = read_adapter_config(path)
     cfg = FocusConfig.from_dict(meta["focus_config"])
     if meta["model_type"] != model.config.model_type or meta["hidden_size"] != model.config.hidden_size:

@@ -27,23 +27,25 @@ def _peft():
     return peft
 
 
-def lora_target_modules(model) -> list[str]:
-    """Full module names of every layer's attention projections (q, k, v, o; GPT-2's fused ``c_attn`` and its
-    ``attn.c_proj``). Exact names, so PEFT never also adapts an MLP projection that shares a short name."""
+def lora_target_modules(model, projections: tuple[str, ...] | None = None) -> list[str]:
+    """Full module names of every layer's attention projections (``projections``, default the spec's q, k, v, o;
+    GPT-2's fused ``c_attn`` and its ``attn.c_proj``). Exact names, so PEFT never also adapts an MLP projection that
+    shares a short name."""
     spec = spec_for(model)
     n = len(model.get_submodule(spec.layers))
-    names = [f"{spec.layers}.{i}.{spec.attention}.{p}" for i in range(n) for p in spec.projections]
+    names = [f"{spec.layers}.{i}.{spec.attention}.{p}" for i in range(n) for p in projections or spec.projections]
     for name in names:
         model.get_submodule(name)  # raises AttributeError naming it if the spec is wrong for this model
     return names
 
 
-def add_lora(model, rank: int, alpha: float | None = None):
+def add_lora(model, rank: int, alpha: float | None = None, projections: tuple[str, ...] | None = None):
     """Wrap ``model`` in a ``peft`` LoRA model (rank ``rank``, scale ``alpha / rank``; ``alpha`` defaults to
-    ``2 * rank``, no dropout). The base weights are frozen; only the LoRA matrices train."""
+    ``2 * rank``, no dropout) on ``projections`` (default: q, k, v, o). The base weights are frozen; only the LoRA
+    matrices train."""
     peft = _peft()
     cfg = peft.LoraConfig(r=rank, lora_alpha=2 * rank if alpha is None else alpha, lora_dropout=0.0, bias="none",
-                          target_modules=lora_target_modules(model),
+                          target_modules=lora_target_modules(model, projections),
                           fan_in_fan_out=model.config.model_type == "gpt2")  # GPT-2's Conv1D stores W transposed
     return peft.get_peft_model(model, cfg)
 

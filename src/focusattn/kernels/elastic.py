@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import default_scale, relative_distance
+from .common import apply_softcap, default_scale, relative_distance
 from .reference import expand_kv
 from .validation import check_finite
 
@@ -39,7 +39,7 @@ IMPLS = ("reference", "chunked")
 BIAS_BEYOND = ("zero", "clamp")
 
 
-def _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap=None):
+def _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap=None, allowed=None, softcap=None):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if bias_beyond not in BIAS_BEYOND:
@@ -66,6 +66,13 @@ def _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap=None):
         raise ValueError(f"block must be a positive int, got {block!r}")
     if n_cap is not None and (not isinstance(n_cap, int) or isinstance(n_cap, bool) or n_cap < 1):
         raise ValueError(f"n_cap must be None or an integer >= 1, got {n_cap!r}")
+    if allowed is not None:
+        want = (b, hq, tq, k.shape[2])
+        if allowed.dtype != torch.bool or allowed.dim() != 4 or any(a not in (1, w) for a, w in zip(allowed.shape, want)):
+            raise ValueError(f"allowed must be a bool mask broadcastable to [B, Hq, Tq, Tk]={want} (True = may "
+                             f"attend), got {allowed.dtype} {tuple(allowed.shape)}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ValueError(f"softcap must be None or a float > 0, got {softcap!r}")
     for name, t in (("q", q), ("k", k), ("v", v), ("tau", tau), ("bias", bias)):
         check_finite(name, t)
 
@@ -86,19 +93,31 @@ def _visible(tq, tk, n_cap, device, dtype):
     return (n if n_cap is None else n.clamp(max=n_cap)).to(dtype)
 
 
-def _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap=None):
+def _weights(q, k, tau, bias, scale, bias_beyond, n_cap=None, allowed=None, softcap=None):
+    """The dense weights ``a`` ``[B, Hq, Tq, Tk]``: the rule of the module docstring, stated once."""
     hq, tq = q.shape[1], q.shape[2]
     tk = k.shape[2]
-    k, v = expand_kv(k, hq), expand_kv(v, hq)
+    k = expand_kv(k, hq)
     dist = relative_distance(tq, tk, q.device)  # [Tq, Tk]
-    causal = dist >= 0
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale + distance_bias(bias, dist, bias_beyond).to(q.dtype)
-    s = s.masked_fill(~causal, float("-inf"))
+    vis = dist >= 0
+    if allowed is not None:  # the model's own mask (padding, sliding window): n counts the keys it lets a query see
+        vis = vis & allowed
+    s = apply_softcap(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)
+    s = (s + distance_bias(bias, dist, bias_beyond).to(q.dtype)).masked_fill(~vis, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    n = _visible(tq, tk, n_cap, q.device, q.dtype)  # visible keys per query
-    thr = tau.to(q.dtype)[:, None, None] / n[None, :, None]  # [H, Tq, 1]
-    a = torch.relu(p - thr) * causal  # mask again: with tau < 0 the threshold is negative and p = 0 would survive
-    return torch.matmul(a, v)
+    if allowed is None:
+        n = _visible(tq, tk, n_cap, q.device, q.dtype)[None, :, None]  # visible keys per query
+    else:
+        p = p.nan_to_num(0.0)  # a row with no visible key (a padded query) keeps nothing
+        n = vis.sum(-1, keepdim=True).clamp_min(1)
+        n = (n if n_cap is None else n.clamp(max=n_cap)).to(q.dtype)
+    thr = tau.to(q.dtype)[:, None, None] / n  # [.., H, Tq, 1]
+    return torch.relu(p - thr) * vis  # mask again: with tau < 0 the threshold is negative and p = 0 would survive
+
+
+def _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap=None, allowed=None, softcap=None):
+    a = _weights(q, k, tau, bias, scale, bias_beyond, n_cap, allowed, softcap)
+    return torch.matmul(a, expand_kv(v, q.shape[1]))
 
 
 class _Plan:
@@ -235,18 +254,26 @@ def lazy_attention(
     block: int = 64,
     bias_beyond: str = "zero",
     n_cap: int | None = None,
+    allowed: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal Elastic-Softmax attention (see module docstring). ``tau``: ``[Hq]``; ``bias``: ``[Hq, W]``, W >= 1.
+
+    ``allowed``: an extra bool mask broadcastable to ``[B, Hq, Tq, Tk]`` (True = may attend; a pretrained model's
+    padding or sliding window), intersected with causality; a query's ``n`` is then the number of keys it may see.
+    ``softcap``: ``c * tanh(s / c)`` on the scaled logits before the bias (Gemma 2). Either takes the reference path:
+    the retrofit's batches are unpadded full-attention windows, which keep the chunked path.
 
     Returns ``[B, Hq, Tq, D]`` (empty when there is no query). Non-finite ``q``, ``k``, ``v``, ``tau`` or ``bias`` is
     a ValueError naming it (the two implementations would otherwise disagree on where a NaN spreads: the reference
     multiplies masked values by 0). Both implementations agree to float rounding in outputs and in gradients of q, k, v,
     tau and bias; ``block`` (keys per block) only affects the chunked path's speed and memory.
     """
-    _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap)
+    _check(q, k, v, tau, bias, impl, bias_beyond, block, n_cap, allowed, softcap)
     scale = default_scale(q.shape[-1], scale)
-    if impl == "reference" or q.numel() == 0:  # no query: the reference's empty result (the blocks need Tk >= 1)
-        return _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap)
+    if impl == "reference" or q.numel() == 0 or allowed is not None or softcap is not None:
+        # no query: the reference's empty result (the blocks need Tk >= 1)
+        return _reference(q, k, v, tau, bias, scale, bias_beyond, n_cap, allowed, softcap)
     if q.dtype in (torch.float16, torch.bfloat16):
         # The chunked path keeps a running log-sum-exp and thresholds p - tau/n, both too coarse in 16 bits.
         f = lambda t: t.float()  # noqa: E731
@@ -263,11 +290,10 @@ def elastic_weights(
     scale: float | None = None,
     bias_beyond: str = "zero",
     n_cap: int | None = None,
+    allowed: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """The dense ``[B, Hq, Tq, Tk]`` weights ``a`` (zeros above the diagonal), for diagnostics on short inputs."""
-    _check(q, k, k, tau, bias, "reference", bias_beyond, 1, n_cap)
-    tk = k.shape[2]
-    scale = default_scale(q.shape[-1], scale)
-    eye = torch.eye(tk, dtype=q.dtype, device=q.device).expand(q.shape[0], k.shape[1], tk, tk)
-    # a @ I = a: reuse the oracle rather than restating the rule.
-    return _reference(q, k, eye, tau, bias, scale, bias_beyond, n_cap)
+    """The dense ``[B, Hq, Tq, Tk]`` weights ``a`` (zeros above the diagonal and where ``allowed`` is False), for
+    diagnostics on short inputs."""
+    _check(q, k, k, tau, bias, "reference", bias_beyond, 1, n_cap, allowed, softcap)
+    return _weights(q, k, tau, bias, default_scale(q.shape[-1], scale), bias_beyond, n_cap, allowed, softcap)

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..kernels.elastic import elastic_weights, lazy_attention
 from .bias import DistanceBias
-from .config import LazyConfig
+from .config import ElasticConfig, LazyConfig
 from .rope import RotaryEmbedding
 
 
@@ -64,3 +64,23 @@ class LazyAttention(nn.Module):
         q, k, _ = self._qkv(x)
         return elastic_weights(q, k, self.tau.to(q.dtype), self.bias().to(q.dtype), bias_beyond=self.cfg.bias_beyond,
                                n_cap=self.cfg.threshold_len)
+
+
+class ElasticParams(nn.Module):
+    """What Elastic-Softmax adds to one attention layer of a pretrained model (``hf/lazy.py``): one threshold per query
+    head (``tau_raw``, read ``tau``) and, with ``use_bias``, a distance-bias table ``[H, W]`` starting at zero (else a
+    constant zero ``[H, 1]`` buffer, so the kernel sees one code path)."""
+
+    def __init__(self, n_heads: int, cfg: ElasticConfig):
+        super().__init__()
+        self.cfg = cfg
+        raw = cfg.tau_init if cfg.tau_mode == "free" else _softplus_inverse(cfg.tau_init)
+        self.tau_raw = nn.Parameter(torch.full((n_heads,), float(raw)), requires_grad=cfg.train_tau)
+        if cfg.use_bias:
+            self.table = nn.Parameter(torch.zeros(n_heads, cfg.bias_window))
+        else:
+            self.register_buffer("table", torch.zeros(n_heads, 1), persistent=False)
+
+    @property
+    def tau(self) -> torch.Tensor:
+        return self.tau_raw if self.cfg.tau_mode == "free" else F.softplus(self.tau_raw)

@@ -98,3 +98,66 @@ class LazyConfig:
         if unknown:
             raise ValueError(f"unknown LazyConfig keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic-Softmax on a *pretrained* model (``hf/lazy.py``, ``focusattn retrofit --method lazy``): the model keeps
+    its own positions (RoPE or learned), its projections and its mask; each attention layer gains one threshold per
+    query head (and optionally a distance-bias table) and computes ``ReLU(softmax(s + b) - tau_h / n_i)`` with no
+    renormalisation.
+
+    tau_init: the starting threshold of every head (1.0 = the uniform weight 1/n, the paper's Table 2 setting; 0 with
+        ``tau_mode="free"`` is the original model exactly). tau_mode: as :class:`LazyConfig`.
+    train_tau: False freezes tau at ``tau_init`` (a training-free point of the sink/perplexity trade-off curve).
+    use_bias, bias_window, bias_beyond: the Lazy distance-bias table on top of the model's own positions, zero at the
+        start (so the start is exactly "softmax + threshold"); off by default: a pretrained RoPE model already encodes
+        distance, and the table adds H x W parameters per layer.
+    threshold_len, impl, block: as :class:`LazyConfig`.
+    """
+
+    tau_init: float = 1.0
+    tau_mode: str = "nonneg"
+    train_tau: bool = True
+    use_bias: bool = False
+    bias_window: int = 512
+    bias_beyond: str = "zero"
+    threshold_len: int | None = None
+    impl: str = "chunked"
+    block: int = 64
+
+    def __post_init__(self):
+        def bad(name, allowed):
+            raise ValueError(f"ElasticConfig.{name}={getattr(self, name)!r} is invalid: allowed {allowed}")
+
+        if isinstance(self.tau_init, bool) or not isinstance(self.tau_init, (int, float)) or self.tau_init != self.tau_init:
+            bad("tau_init", "a float")
+        if self.tau_mode not in TAU_MODES:
+            bad("tau_mode", TAU_MODES)
+        if self.tau_mode == "nonneg" and not self.tau_init > 0:
+            bad("tau_init", "a float > 0 when tau_mode='nonneg' (softplus cannot reach 0; use tau_mode='free' for 0)")
+        for name in ("train_tau", "use_bias"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "True or False")
+        if isinstance(self.bias_window, bool) or not isinstance(self.bias_window, int) or self.bias_window < 1:
+            bad("bias_window", "an integer >= 1 (W, the bias table width)")
+        if self.bias_beyond not in BIAS_BEYOND:
+            bad("bias_beyond", BIAS_BEYOND)
+        if self.threshold_len is not None and (isinstance(self.threshold_len, bool)
+                                               or not isinstance(self.threshold_len, int) or self.threshold_len < 1):
+            bad("threshold_len", "None or an integer >= 1")
+        if self.impl not in IMPLS:
+            bad("impl", IMPLS)
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            bad("block", "an integer >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ElasticConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ElasticConfig keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)

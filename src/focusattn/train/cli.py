@@ -6,6 +6,7 @@ import argparse
 from ..focus.config import ROUTINGS, FocusConfig
 from ..kernels.backends import BACKENDS
 from ..kernels.soft import GATES
+from ..lazy.config import TAU_MODES, ElasticConfig
 from .._cli_common import HelpFormatter, set_threads
 from ..analysis.report import retrofit_table
 from . import dist
@@ -48,6 +49,26 @@ def focus_from_args(a) -> FocusConfig:
                        rebalance=a.rebalance, global_rate=a.global_rate)
 
 
+def add_lazy_args(p: argparse.ArgumentParser) -> None:
+    d = ElasticConfig()
+    g = p.add_argument_group("Lazy (--method lazy, lazy+lora)")
+    g.add_argument("--tau-init", type=float, default=d.tau_init,
+                   help="starting Elastic-Softmax threshold of every head (threshold tau/n; 1 = the uniform weight)")
+    g.add_argument("--tau-mode", choices=TAU_MODES, default=d.tau_mode,
+                   help="nonneg: tau = softplus(theta) >= 0; free: the paper's unconstrained tau")
+    g.add_argument("--freeze-tau", action="store_true", help="keep tau at --tau-init (train only LoRA / the table)")
+    g.add_argument("--lazy-bias", action="store_true",
+                   help="add the Lazy per-head distance-bias table (zero at the start) on top of the model's positions")
+    g.add_argument("--bias-window", type=int, default=d.bias_window, help="distance-bias table width W (--lazy-bias)")
+    g.add_argument("--threshold-len", type=int, default=d.threshold_len,
+                   help="cap n at this length in the threshold tau/min(n, L) (default: no cap, the paper's rule)")
+
+
+def lazy_from_args(a) -> ElasticConfig:
+    return ElasticConfig(tau_init=a.tau_init, tau_mode=a.tau_mode, train_tau=not a.freeze_tau, use_bias=a.lazy_bias,
+                         bias_window=a.bias_window, threshold_len=a.threshold_len)
+
+
 def _retrofit(a) -> int:
     cfg = RetrofitConfig(
         model=a.model, data=a.data, ood_data=None if a.ood_data == "none" else a.ood_data, out=a.out, steps=a.steps,
@@ -59,7 +80,7 @@ def _retrofit(a) -> int:
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
         repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
         targets_cache=a.targets_cache,
-        focus=focus_from_args(a),
+        focus=focus_from_args(a), lazy=lazy_from_args(a),
     )
     set_threads(a.threads)
     summary = retrofit(cfg, command=a.command_line)
@@ -120,9 +141,11 @@ def register(sub) -> None:
     g = p.add_argument_group("method")
     g.add_argument("--method", choices=METHODS, default=d.method,
                    help="focus: train the routers; lora: the baseline, LoRA on the attention projections (q,k,v,o) "
-                   "with the same data, steps, seed, schedule and evaluation (peft format in OUT/adapter)")
-    g.add_argument("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r (--method lora)")
+                   "with the same data, steps, seed, schedule and evaluation (peft format in OUT/adapter); lazy: "
+                   "Elastic-Softmax thresholds on the frozen model; lazy+lora: thresholds and LoRA on q,k")
+    g.add_argument("--lora-rank", type=int, default=d.lora_rank, help="LoRA rank r (--method lora, lazy+lora)")
     g.add_argument("--lora-alpha", type=float, default=d.lora_alpha, help="LoRA alpha (scale alpha/r; default 2r)")
     add_focus_args(p)
+    add_lazy_args(p)
     # library argument -> flag in errors (FocusConfig.num_groups is --groups)
     p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k", "num_groups": "--groups"})

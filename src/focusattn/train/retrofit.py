@@ -24,10 +24,12 @@ from ..data.sampler import EpochWindows
 from ..data.tokens import check_length, eval_windows, tokenize
 from ..eval.perplexity import perplexity
 from ..focus.config import FocusConfig
+from ..lazy.config import ElasticConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..adapters import resolve as resolve_adapter
 from ..hf.compose import focus_config, original_attention, update_config
 from ..hf.io import adapter_state, load_adapter, load_adapter_state, read_adapter_config
+from ..hf.lazy import compose_lazy, lazy_parameters, lazy_state, load_lazy_state, save_lazy_adapter, taus
 from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
 from . import dist
 from .checkpoint import load_checkpoint
@@ -36,7 +38,8 @@ from .objectives import OBJECTIVES, AttentionObjective
 
 log = logging.getLogger("focusattn")
 
-METHODS = ("focus", "lora")
+METHODS = ("focus", "lora", "lazy", "lazy+lora")
+LAZY_METHODS = ("lazy", "lazy+lora")
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,12 @@ class RetrofitConfig(TrainConfig):
     attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
     pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
     targets_cache: str | None = None  # objective "attention": a folder keeping each window's targets for other runs
-    method: str = "focus"  # "focus" (routers) or "lora" (the baseline; the focus fields are then unused)
+    method: str = "focus"  # "focus" (routers), "lora" (the baseline), "lazy" (Elastic-Softmax thresholds on the frozen
+    # model) or "lazy+lora" (thresholds and LoRA on the query/key projections); the focus fields serve "focus" only
     lora_rank: int = 8
     lora_alpha: float | None = None  # LoRA scale alpha / rank; None = 2 * rank
     focus: FocusConfig = field(default_factory=FocusConfig)
+    lazy: ElasticConfig = field(default_factory=ElasticConfig)
 
     def __post_init__(self):
         super().__post_init__()
@@ -100,6 +105,11 @@ class RetrofitConfig(TrainConfig):
             raise InputError("objective", self.objective, f"allowed {', '.join(OBJECTIVES)} ({c}.objective)")
         if self.objective == "attention" and self.method != "focus":
             raise InputError("objective", self.objective, f"allowed only with method 'focus' ({c}.objective)")
+        if self.method in LAZY_METHODS and self.distill:
+            raise InputError("distill", self.distill, f"allowed only with method 'focus' ({c}.distill)")
+        if self.method == "lazy" and not (self.lazy.train_tau or self.lazy.use_bias):
+            raise InputError("method", self.method, "nothing to train: the thresholds are frozen and there is no "
+                             "distance table (train tau, add the table, or use --method lazy+lora)")
         if self.objective == "attention" and self.distill:
             raise InputError("distill", self.distill, "allowed only with objective 'lm' (the attention objective "
                              "has no output-level term; continue with --init-adapter for one)")
@@ -120,6 +130,7 @@ class RetrofitConfig(TrainConfig):
     def to_dict(self) -> dict:
         d = asdict(self)
         d["focus"] = self.focus.to_dict()
+        d["lazy"] = self.lazy.to_dict()
         return d
 
 
@@ -191,9 +202,14 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
             before["ood"] = perplexity(model, ood_w, desc="before: ood", progress=progress)["ppl"]
 
     lora = cfg.method == "lora"
+    lazy = cfg.method in LAZY_METHODS
     if lora:
         model = add_lora(model, cfg.lora_rank, cfg.lora_alpha)
         params = lora_parameters(model)
+    elif lazy:
+        compose_lazy(model, cfg.lazy, lora_rank=cfg.lora_rank if cfg.method == "lazy+lora" else None,
+                     lora_alpha=cfg.lora_alpha)
+        params = lazy_parameters(model)
     else:
         compose(model, cfg.focus)
         if init is not None:  # the routers' tensors, checked like any adapter load (shapes, checksum, base model)
@@ -217,7 +233,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.eval()
-    rs = [] if lora else routers(model)
+    rs = [] if lora or lazy else routers(model)
     for r in rs:
         r.train()
     device = dist.device()
@@ -225,7 +241,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def before_step(step: int) -> None:
         lam = _lam(cfg, step)
-        if not lora and lam != focus_config(model).lam:
+        if not (lora or lazy) and lam != focus_config(model).lam:
             update_config(model, lam=lam)
 
     def next_batch(step: int, micro: int) -> torch.Tensor:
@@ -235,7 +251,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         x = repeat_halves(sampler.windows(train_ids, samples), samples, cfg.repeat_prob, cfg.seed)
         return torch.as_tensor(x, dtype=torch.long, device=device)
 
-    attention = None if lora or cfg.objective != "attention" else \
+    attention = None if lora or lazy or cfg.objective != "attention" else \
         AttentionObjective(model, top_m=cfg.attn_keys, balance_loss=cfg.balance_loss, memo=cfg.pool > 0,
                            cache_dir=cfg.targets_cache)
 
@@ -252,7 +268,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
             kl = distill_kl(out.logits, teacher)
             logs["kl"] = kl.item()
             loss = (1 - cfg.distill) * loss + cfg.distill * kl
-        if lora:
+        if lora or lazy:
             return loss, logs
         bal = torch.stack([r.balance for r in rs]).mean()
         return loss + cfg.balance_loss * bal, {**logs, "balance": bal.item()}
@@ -262,6 +278,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
                   "global_batch": rec["global_batch"], "tokens_per_s": rec["tokens_per_s"]}
         if lora:
             return common
+        if lazy:  # the thresholds' path: where tau goes under the LM loss alone
+            t = [x for layer in taus(model) for x in layer]
+            return {**common, "tau_mean": sum(t) / len(t), "tau_max": max(t)}
         # largest_share: per layer, the share of the batch's tokens in the largest group (collapse -> 1)
         for key in ("kl", "attn_ce", "kept_top1", "global_bce"):
             if key in rec:
@@ -270,10 +289,15 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
                 "largest_share": [r.largest_share for r in rs]}
 
     source = f"the checkpoint in {out} (delete it or start without resuming)"
+    if lora:
+        trainable, load_trainable = (lambda: lora_state(model)), (lambda t: load_lora_state(model, t, source=source))
+    elif lazy:
+        trainable, load_trainable = (lambda: lazy_state(model)), (lambda t: load_lazy_state(model, t, source=source))
+    else:
+        trainable = lambda: adapter_state(model)  # noqa: E731
+        load_trainable = lambda t: load_adapter_state(model, t, source=source)  # noqa: E731
     train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
-               trainable=(lambda: lora_state(model)) if lora else (lambda: adapter_state(model)),
-               load_trainable=(lambda t: load_lora_state(model, t, source=source)) if lora
-               else (lambda t: load_adapter_state(model, t, source=source)),
+               trainable=trainable, load_trainable=load_trainable,
                clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before},
                tokens_per_step=global_batch * cfg.seq_len, meta=meta, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
@@ -285,6 +309,15 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if ood_w is not None:
             after["ood"] = {"lora": perplexity(model, ood_w, desc="after: ood lora", progress=progress)["ppl"]}
         stats = {"layers": [], "pairs_kept": {}}
+    elif lazy:
+        from ..eval.lazy_probe import elastic_stats
+
+        adapter_dir = save_lazy_adapter(model, out / "adapter") if main else out / "adapter"
+        after = {"domain": {"lazy": perplexity(model, val_w, desc="after: domain lazy", progress=progress)["ppl"]}}
+        if ood_w is not None:
+            after["ood"] = {"lazy": perplexity(model, ood_w, desc="after: ood lazy", progress=progress)["ppl"]}
+        stats = {"layers": [], "pairs_kept": {}}
+        lazy_summary = {"tau": taus(model), "attention": elastic_stats(model, val_w[:1])}
     else:
         update_config(model, lam=_lam(cfg, cfg.steps))
         adapter_dir = save_adapter(model, out / "adapter") if main else out / "adapter"
@@ -292,7 +325,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         if ood_w is not None:
             after["ood"] = _eval_suite(model, ood_w, top_ks, "after: ood", progress)
         stats = group_stats(model, val_w[: min(2, len(val_w))], top_ks)
-    n_key = "lora" if lora else "router"
+    n_key = "lora" if lora else "lazy" if lazy else "router"
     summary = {
         "command": command,
         "method": cfg.method,
@@ -308,6 +341,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         "adapter": str(adapter_dir),
         "wall_seconds": time.time() - t_start,
     }
+    if lazy:
+        summary["lazy"] = lazy_summary
     if main:
         write_json(out / "summary.json", summary)
     dist.barrier()  # no rank leaves before rank 0 has written everything
