@@ -4,6 +4,11 @@ then evaluates them at 1x/2x/4x length on Shakespeare (held-out works) and Lee n
 evaluation-time interventions of focusattn.gpt.probes, and the empty-row probe. Writes docs/results/lab.probes.json.
 
     PYTHONPATH=src python scripts/lab_probes.py --seeds 1 --out runs/lab-probes
+
+At T = 512 (issue 25; the runs of `make lab-sink`, reused):
+
+    PYTHONPATH=src python scripts/lab_probes.py --preset lab-sink --variants standard,elastic-only,lazy --seeds 3 \
+        --out runs/lab-sink --json docs/results/lab.sink_probes.json
 """
 import argparse
 import sys
@@ -27,22 +32,24 @@ def main(argv=None):
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--out", default="runs/lab-probes")
     p.add_argument("--json", default="docs/results/lab.probes.json")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list; the first is the empty-row reference")
     a = p.parse_args(argv)
+    variants = [v for v in a.variants.split(",") if v]
     torch.set_num_threads(1)
-    run_compare(list(VARIANTS), a.seeds, a.preset, a.out, threads=1, progress=False,
-                command=f"focusattn compare --attention {','.join(VARIANTS)} --seeds {a.seeds} --preset {a.preset} "
+    run_compare(variants, a.seeds, a.preset, a.out, threads=1, progress=False,
+                command=f"focusattn compare --attention {','.join(variants)} --seeds {a.seeds} --preset {a.preset} "
                         f"--out {a.out} --threads 1")
     datas = {"shakespeare": load_data("shakespeare"), "lee-news": load_data("lee-news")}
-    extra, empty = [], {v: [] for v in VARIANTS}
+    extra, empty = [], {v: [] for v in variants}
     for s in range(a.seeds):
-        models = {v: load_run(Path(a.out) / v / f"seed{s}") for v in VARIANTS}
+        models = {v: load_run(Path(a.out) / v / f"seed{s}") for v in variants}
         extra += [{**r, "seed": s} for r in extrapolation(models, datas, a.windows)]
-        for v, rec in empty_rows_probe(models, datas["shakespeare"], a.windows).items():
+        for v, rec in empty_rows_probe(models, datas["shakespeare"], a.windows, reference=variants[0]).items():
             empty[v].append(rec)
     mcfg, _ = get_preset(a.preset, "lazy")
     doc = {"command": "PYTHONPATH=src python scripts/lab_probes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "preset": a.preset, "block_size": mcfg.block_size, "seeds": list(range(a.seeds)), "windows": a.windows,
-           "variants": list(VARIANTS), "extrapolation": extra, "empty_rows": empty}
+           "variants": variants, "extrapolation": extra, "empty_rows": empty}
     _io.write_json(a.json, doc)
     print(render_markdown(doc))
 

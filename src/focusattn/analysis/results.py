@@ -13,6 +13,7 @@ from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import recall_section, render_global_keys
+from .lazy_report import render_lab_sink, render_lazy_results
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -130,12 +131,14 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("dispatch_bench.json", "## Never slower than the original: `backend=\"auto\"`", render_dispatch_section,
          {"results_dir": d}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
+        ("lazy_probe.json", "## Elastic-Softmax on the pretrained model (`focusattn lazy-probe`, `retrofit --method "
+         "lazy`)", render_lazy_results, {"results_dir": d}, []),
         ("lab.json", None, lab_markdown, {}, ["lab.loss.png", "lab.attention.png"]),
         ("lab.tau_free.json", "### Lab with free tau (the paper's parameterisation)", lab_markdown, {}, []),
         ("lab.long.json", "### Lab, 4x longer training (`lab-long`: where the standard model grows a sink)",
          lab_markdown, {}, ["lab.long.loss.png", "lab.long.attention.png"]),
-        ("lab.sink.json", "### Lab at T = 512 (`lab-sink`): does the standard model grow a sink at a longer context?",
-         lab_markdown, {}, []),
+        ("lab.sink.json", "### Lab at T = 512 (`lab-sink`): where sinks form, and the paper's claims",
+         render_lab_sink, {"results_dir": d}, []),
         ("lab.probes.json", "### Lab probes: why Lazy extrapolates worse, and whether empty rows hurt",
          probes_markdown, {}, []),
         ("lab.mqar.json", "### Lab task: multi-query associative recall (`--data mqar`, preset `mqar`)", lab_markdown, {},
