@@ -20,6 +20,7 @@ from focusattn import _io
 from focusattn.gpt.compare import run_compare
 from focusattn.gpt.config import get_preset
 from focusattn.gpt.data import load_data
+from focusattn.eval.lazy_probe import zero_tiles
 from focusattn.gpt.probes import empty_rows_probe, extrapolation, load_run, render_markdown
 
 VARIANTS = ("standard", "elastic-only", "lazy-no-bias", "lazy")
@@ -46,10 +47,18 @@ def main(argv=None):
         extra += [{**r, "seed": s} for r in extrapolation(models, datas, a.windows)]
         for v, rec in empty_rows_probe(models, datas["shakespeare"], a.windows, reference=variants[0]).items():
             empty[v].append(rec)
+    tiles = {v: [] for v in variants}  # what the exact zeros buy: causal 64 x 64 blocks entirely 0, per layer
+    x, _ = datas["shakespeare"].val_windows(get_preset(a.preset, "lazy")[0].block_size, a.windows)
+    for s in range(a.seeds):
+        for v in variants:
+            with torch.no_grad():
+                weights = load_run(Path(a.out) / v / f"seed{s}").attention_weights(x)
+            tiles[v].append([float(zero_tiles(w).mean()) for w in weights])
     mcfg, _ = get_preset(a.preset, "lazy")
     doc = {"command": "PYTHONPATH=src python scripts/lab_probes.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "preset": a.preset, "block_size": mcfg.block_size, "seeds": list(range(a.seeds)), "windows": a.windows,
-           "variants": variants, "extrapolation": extra, "empty_rows": empty}
+           "variants": variants, "extrapolation": extra, "empty_rows": empty,
+           "zero_tiles": {"tile": 64, "per_seed_per_layer": tiles}}
     _io.write_json(a.json, doc)
     print(render_markdown(doc))
 

@@ -66,6 +66,10 @@ def render_lab_claims(cj: dict, probes: dict | None = None) -> str:
     row("exact zeros (causal pairs)", lambda a: _fmt([r["sparsity"] for r in runs[a]], pct=True))
     row("surviving mass (row sum)", lambda a: _fmt([r["surviving_mass"] for r in runs[a]]))
     row("empty rows", lambda a: _fmt([r["empty_rows"] for r in runs[a]], pct=True))
+    zt = (probes or {}).get("zero_tiles", {}).get("per_seed_per_layer", {})
+    if zt:
+        row("zero tiles (causal 64 x 64 blocks entirely 0)",
+            lambda a: _fmt([statistics.fmean(layers) for layers in zt[a]], pct=True) if a in zt else "—")
     lines += ["", "Per layer, first-token share as a multiple of uniform (mean over seeds):", "",
               "| variant | " + " | ".join(f"L{i}" for i in range(len(runs[names[0]][0]["per_layer"]["sink_share"])))
               + " |", "|---|" + "---|" * len(runs[names[0]][0]["per_layer"]["sink_share"])]
