@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab results clean \
+.PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing python-docs
 
@@ -95,6 +95,41 @@ experiments: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/focusattn compare --attention standard,lazy,focus,elastic-only,lazy-no-bias,sliding --seeds 3 --preset lab --out $(RUNS)/lab
 	$(VENV)/bin/focusattn compare --attention standard,lazy --seeds 3 --preset lab-long --out $(RUNS)/lab-long
+
+# Lazy Attention where sinks form (T = 512): standard, Elastic-Softmax alone and Lazy, 3 seeds (~15-25 min a run on
+# 1 core; finished runs are reused), then evaluation-time probes (the threshold cap at 2x/4x, empty rows, zero tiles).
+lab-sink: $(STAMP)
+	$(VENV)/bin/focusattn compare --attention standard,lazy,elastic-only --seeds 3 --preset lab-sink --threads 1 \
+		--out $(RUNS)/lab-sink --no-progress
+	mkdir -p docs/results
+	cp $(RUNS)/lab-sink/compare.json docs/results/lab.sink.json
+	PYTHONPATH=src $(VENV)/bin/python scripts/lab_probes.py --preset lab-sink --variants standard,elastic-only,lazy \
+		--seeds 3 --out $(RUNS)/lab-sink --json docs/results/lab.sink_probes.json
+	$(MAKE) results
+
+# Elastic-Softmax on the pretrained model: the tau trade-off (training-free), tau trained on the frozen model, tau with
+# LoRA on q,k; the trained adapters' statistics, long-context probes and lm-eval. ~1 h on 1 core.
+lazy: $(STAMP)
+	mkdir -p docs/results
+	$(VENV)/bin/focusattn lazy-probe --taus 0.03,0.1,0.3,1,3 --lengths 512,2048 --threads 1 --out $(RUNS)/lazy-probe \
+		--no-progress
+	cp $(RUNS)/lazy-probe/lazy_probe.json docs/results/lazy_probe.json
+	$(VENV)/bin/focusattn retrofit --method lazy --tau-init 1 --lr 0.05 --steps 200 --threads 1 --out $(RUNS)/lazy-tau
+	$(VENV)/bin/focusattn retrofit --method lazy+lora --lora-rank 8 --tau-init 1 --lr 0.005 --steps 200 --threads 1 \
+		--out $(RUNS)/lazy-lora
+	cp $(RUNS)/lazy-tau/summary.json docs/results/lazy_retrofit_tau.json
+	cp $(RUNS)/lazy-lora/summary.json docs/results/lazy_retrofit_lora.json
+	$(VENV)/bin/focusattn lazy-probe --taus "" --adapters $(RUNS)/lazy-tau,$(RUNS)/lazy-lora --lengths 512,2048 \
+		--threads 1 --out $(RUNS)/lazy-probe-trained --no-progress
+	cp $(RUNS)/lazy-probe-trained/lazy_probe.json docs/results/lazy_probe_trained.json
+	for r in tau lora; do \
+		$(VENV)/bin/focusattn long-eval --adapter $(RUNS)/lazy-$$r --lengths 2048,4096 --threads 1 \
+			--out $(RUNS)/le-lazy-$$r || exit 1; \
+		cp $(RUNS)/le-lazy-$$r/long_eval.json docs/results/long_eval_lazy_$$r.json; \
+	done
+	$(VENV)/bin/focusattn eval --adapter $(RUNS)/lazy-lora --tasks offline --limit 20 --threads 1 --out $(RUNS)/ev-lazy
+	cp $(RUNS)/ev-lazy/eval.json docs/results/eval_lazy.json
+	$(MAKE) results
 
 # Focus vs LoRA (the paper's Tables 3-4): LoRA r=4 and r=16 on the attention projections (q,k,v,o) with the demo's
 # data, steps, seed, schedule and evaluation, compared with retrofit_default.json (`make experiments`). ~15 min a run.
