@@ -229,3 +229,50 @@ def render_lazy_results(probe: dict, results_dir=None) -> str:
 
         parts += ["", "Offline lm-eval tasks:", "", eval_markdown(load(d / "eval_lazy.json"))]
     return "\n".join(parts)
+
+
+def render_lazy_readme(results_dir) -> str:
+    """README's Lazy Attention lines: what the lab at T = 512 reproduced (the verdict rows of the claims table) and
+    where Elastic-Softmax leaves the pretrained model's sink. Generated with RESULTS; empty until measured."""
+    import json
+    from pathlib import Path
+
+    d = Path(results_dir)
+    out = []
+    lab = d / "lab.sink.json"
+    if lab.exists():
+        cj = json.loads(lab.read_text())
+        if "lazy" in cj["runs"] and "standard" in cj["runs"]:
+            pp = d / "lab.sink_probes.json"
+            probes = json.loads(pp.read_text()) if pp.exists() else None
+            seeds = min(len(r) for r in cj["runs"].values())
+            out += [f"Lazy Attention, from scratch (lab, T = {cj['model']['block_size']}, {seeds} seeds; verdicts "
+                    "computed from the runs):", ""]
+            for row in _verdicts(cj["runs"], cj["uniform_sink_mass"], probes):
+                claim, measured, verdict = [c.strip() for c in row.strip("|").split("|")]
+                out.append(f"- {claim.split(' [')[0]}: **{verdict}** ({measured})")
+    probe = d / "lazy_probe.json"
+    if probe.exists():
+        doc = json.loads(probe.read_text())
+        orig = {r["T"]: r for r in doc["points"][0]["rows"]}
+        t = max(orig)
+        a = orig[t]["attention"]
+        un = a["uniform_sink_mass"]
+        ok = [p for p in doc["points"][1:]
+              for r in p["rows"] if r["T"] == t and all(
+                  r[k] / orig[t][k] - 1 <= PPL_TARGET for k in r if k.startswith("ppl_"))]
+        best = max(ok, key=lambda p: next(r for r in p["rows"] if r["T"] == t)["attention"]["mean"]["sparsity"],
+                   default=None)
+        out += ["", f"Elastic-Softmax on the frozen {doc['model']} (T = {t}): the original puts "
+                f"{a['mean']['sink_share'] / un:.0f}x the uniform share on the first token (largest layer "
+                f"{max(a['per_layer']['sink_share']) / un:.0f}x)."]
+        if best is not None:
+            r = next(r for r in best["rows"] if r["T"] == t)
+            b = r["attention"]
+            out[-1] += (f" At {best['point']}, {100 * b['mean']['sparsity']:.0f}% of the weights are exactly zero for "
+                        + ", ".join(f"{100 * (r[k] / orig[t][k] - 1):+.1f}% perplexity ({k[4:]})"
+                                    for k in r if k.startswith("ppl_"))
+                        + f"; the first token keeps {b['mean']['sink_share'] / un:.0f}x"
+                        + (": a threshold tau / n removes small weights, not the sink." if
+                           max(b["per_layer"]["sink_share"]) / un > PRETRAINED_SINK_TARGET else "."))
+    return "\n".join(out)

@@ -13,7 +13,7 @@ from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import recall_section, render_global_keys
-from .lazy_report import render_lab_sink, render_lazy_results
+from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
 HEADER = """# Results
@@ -160,6 +160,7 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += [f"![{Path(png).stem}](results/{png})\n" for png in plots if (d / png).exists()]
     out = Path(out)
     write_text(out, "\n".join(parts))
+    update_block(out.parent.parent / "README.md", "lazy", render_lazy_readme(d) or "_Not yet measured._")
     if long_docs:
         readme = out.parent.parent / "README.md"
         update_block(readme, "pareto", render_decision_table(long_docs, bench_docs, full="docs/RESULTS.md",
