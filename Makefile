@@ -114,8 +114,8 @@ lazy: $(STAMP)
 	$(VENV)/bin/focusattn lazy-probe --taus 0.03,0.1,0.3,1,3 --lengths 512,2048 --threads 1 --out $(RUNS)/lazy-probe \
 		--no-progress
 	cp $(RUNS)/lazy-probe/lazy_probe.json docs/results/lazy_probe.json
-	$(VENV)/bin/focusattn retrofit --method lazy --tau-init 1 --lr 0.05 --steps 200 --threads 1 --out $(RUNS)/lazy-tau
-	$(VENV)/bin/focusattn retrofit --method lazy+lora --lora-rank 8 --tau-init 1 --lr 0.005 --steps 200 --threads 1 \
+	$(VENV)/bin/focusattn retrofit --method lazy --tau-init 1 --lr 0.05 --steps 60 --threads 1 --out $(RUNS)/lazy-tau
+	$(VENV)/bin/focusattn retrofit --method lazy+lora --lora-rank 8 --tau-init 1 --lr 0.005 --steps 60 --threads 1 \
 		--out $(RUNS)/lazy-lora
 	cp $(RUNS)/lazy-tau/summary.json docs/results/lazy_retrofit_tau.json
 	cp $(RUNS)/lazy-lora/summary.json docs/results/lazy_retrofit_lora.json
@@ -123,11 +123,11 @@ lazy: $(STAMP)
 		--threads 1 --out $(RUNS)/lazy-probe-trained --no-progress
 	cp $(RUNS)/lazy-probe-trained/lazy_probe.json docs/results/lazy_probe_trained.json
 	for r in tau lora; do \
-		$(VENV)/bin/focusattn long-eval --adapter $(RUNS)/lazy-$$r --lengths 2048,4096 --threads 1 \
+		$(VENV)/bin/focusattn long-eval --adapter $(RUNS)/lazy-$$r --lengths 2048 --threads 1 \
 			--out $(RUNS)/le-lazy-$$r || exit 1; \
 		cp $(RUNS)/le-lazy-$$r/long_eval.json docs/results/long_eval_lazy_$$r.json; \
 	done
-	$(VENV)/bin/focusattn eval --adapter $(RUNS)/lazy-lora --tasks offline --limit 20 --threads 1 --out $(RUNS)/ev-lazy
+	$(VENV)/bin/focusattn eval --adapter $(RUNS)/lazy-lora --tasks offline --limit 10 --threads 1 --out $(RUNS)/ev-lazy
 	cp $(RUNS)/ev-lazy/eval.json docs/results/eval_lazy.json
 	$(MAKE) results
 

@@ -39,10 +39,10 @@ def render_lab_claims(cj: dict, probes: dict | None = None) -> str:
     runs, u = cj["runs"], cj["uniform_sink_mass"]
     n = {name: len(rs) for name, rs in runs.items()}
     names = [a for a in ("standard", "elastic-only", "lazy") if a in runs]
-    seeds = min(n.values())
+    seeds = ", ".join(f"{a} {n[a]}" for a in names)
     lines = [f"Command: `{cj.get('command')}`" + (f"; probes: `{probes.get('command')}`" if probes else ""), "",
              f"Preset `{cj['preset']}` (T = {cj['model']['block_size']}, {cj['equal_compute']['tokens_per_run']:,} "
-             f"training tokens a run, equal for every variant), {seeds} seeds; mean ± standard deviation over seeds. "
+             f"training tokens a run, equal for every variant); seeds: {seeds}; mean ± standard deviation over seeds. "
              f"First-token share = the first token's share of what each row keeps (rows i >= 1), as a multiple of "
              f"uniform attention ({u:.4f}); Elastic rows keep less than 1, so share, not mass, is like for like.", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -195,8 +195,16 @@ def render_lab_sink(cj: dict, results_dir=None) -> str:
 
     from ..gpt.compare import render_markdown as lab_markdown
 
-    p = Path(results_dir or ".") / "lab.sink_probes.json"
+    d = Path(results_dir or ".")
+    p = d / "lab.sink_probes.json"
     probes = json.loads(p.read_text()) if p.exists() else None
+    extra = d / "lab.sink_elastic.json"  # a variant run with fewer seeds (same preset), its own compare command
+    if extra.exists():
+        more = json.loads(extra.read_text())
+        if more["model"] == cj["model"] and more["train"] == cj["train"]:
+            cj = {**cj, **{k: {**more[k], **cj[k]} for k in ("runs", "summary", "per_layer")},
+                  "attentions": cj["attentions"] + [a for a in more["attentions"] if a not in cj["attentions"]],
+                  "command": f"{cj.get('command')}` and `{more.get('command')}"}
     return render_lab_claims(cj, probes) + "\n\nAll metrics:\n\n" + lab_markdown(cj).split("\n", 1)[1]
 
 
@@ -245,7 +253,7 @@ def render_lazy_readme(results_dir) -> str:
         if "lazy" in cj["runs"] and "standard" in cj["runs"]:
             pp = d / "lab.sink_probes.json"
             probes = json.loads(pp.read_text()) if pp.exists() else None
-            seeds = min(len(r) for r in cj["runs"].values())
+            seeds = min(len(cj["runs"][a]) for a in ("standard", "lazy"))
             out += [f"Lazy Attention, from scratch (lab, T = {cj['model']['block_size']}, {seeds} seeds; verdicts "
                     "computed from the runs):", ""]
             for row in _verdicts(cj["runs"], cj["uniform_sink_mass"], probes):
