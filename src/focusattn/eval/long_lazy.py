@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from .._io import write_json
-from .longctx import SCHEMA
+from .longctx import SCHEMA, probe_inputs
 from .perplexity import perplexity
-from .probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
+from .probes import passkey_accuracy, repeat_copy_ppl
 
 
 def run_long_eval_lazy(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192),
@@ -21,7 +21,7 @@ def run_long_eval_lazy(out_dir, *, model: str = "smollm2-135m", adapter: str, le
                        command: str | None = None, progress: bool = True) -> dict:
     from ..adapters import resolve
     from ..data.corpora import load_corpus
-    from ..data.tokens import check_length, eval_windows, tokenize
+    from ..data.tokens import check_length, tokenize
     from ..hf.lazy import elastic_config, load_lazy_adapter, read_lazy_config, taus
     from ..hf.loading import load_model
 
@@ -45,14 +45,9 @@ def run_long_eval_lazy(out_dir, *, model: str = "smollm2-135m", adapter: str, le
         check_length(val[split], lengths[-1], f"{name} validation split")
     rows = []
     for t in lengths:
-        tests = {}
-        if t <= ppl_max_len:
-            for split in val:
-                tests[f"ppl_{split}"] = eval_windows(val[split], t, ppl_windows)
-        filler = val.get("ood", val["domain"])
-        tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
-        distance = min(repeat_distance, t // 2)
-        tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
+        tests = probe_inputs(val, tok, t, ppl_max_len=ppl_max_len, ppl_windows=ppl_windows,
+                             passkey_depths=passkey_depths, passkey_per_depth=passkey_per_depth,
+                             repeat_distance=repeat_distance, repeat_n=repeat_n)
         for name, m in (("original", base), ("lazy", lazy)):
             row = {"T": t, "variant": name}
             for key, inputs in tests.items():

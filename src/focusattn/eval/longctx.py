@@ -45,6 +45,23 @@ def variant_names(top_ks, baselines=BASELINES, soft: bool = True) -> list[str]:
     return names + [f"{b}@top{k}" for k in top_ks for b in BASELINES if b in baselines]
 
 
+def probe_inputs(val: dict, tok, t: int, *, ppl_max_len: int, ppl_windows: int, passkey_depths, passkey_per_depth: int,
+                 repeat_distance: int, repeat_n: int) -> dict:
+    """The inputs every variant sees at length ``t``: perplexity windows per split (up to ``ppl_max_len``), passkey
+    and repeat-copy sequences built from the out-of-domain text (the domain text without one)."""
+    from ..data.tokens import eval_windows
+
+    tests = {}
+    if t <= ppl_max_len:
+        for split in val:
+            tests[f"ppl_{split}"] = eval_windows(val[split], t, ppl_windows)
+    filler = val.get("ood", val["domain"])
+    tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
+    distance = min(repeat_distance, t // 2)
+    tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
+    return tests
+
+
 @torch.no_grad()
 def pairs_kept(model, tokens: np.ndarray) -> float:
     """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers."""
@@ -154,14 +171,9 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         for k in top_ks:
             set_top_k(focus, k)
             budget[k] = pairs_kept(focus, val["domain"][:t])
-        tests = {}
-        if t <= ppl_max_len:
-            for split in val:
-                tests[f"ppl_{split}"] = eval_windows(val[split], t, ppl_windows)
-        filler = val.get("ood", val["domain"])
-        tests["passkey"] = passkey_sequences(filler, tok, t, depths=passkey_depths, per_depth=passkey_per_depth)
-        distance = min(repeat_distance, t // 2)
-        tests["repeat"] = repeat_copy_sequences(filler, t, passage=min(256, distance), distance=distance, n=repeat_n)
+        tests = probe_inputs(val, tok, t, ppl_max_len=ppl_max_len, ppl_windows=ppl_windows,
+                             passkey_depths=passkey_depths, passkey_per_depth=passkey_per_depth,
+                             repeat_distance=repeat_distance, repeat_n=repeat_n)
         dropped = {}
         if recall_windows:
             sliding = {f"sliding@top{k}": window_for_budget(t, budget[k], cfg.sink_tokens) for k in top_ks} \

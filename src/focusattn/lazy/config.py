@@ -9,6 +9,15 @@ TAU_MODES = ("nonneg", "free")  # implemented by attention.LazyAttention
 BIAS_INITS = ("zeros", "normal")  # implemented by bias.DistanceBias
 
 
+def config_from_dict(cls, d: dict):
+    """``cls(**d)`` for a config dataclass, refusing unknown keys by name (a typo in a saved config must not pass)."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**d)
+
+
 @dataclass(frozen=True)
 class LazyConfig:
     """Lazy Attention (RoPE + per-head distance bias + Elastic-Softmax).
@@ -93,11 +102,7 @@ class LazyConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LazyConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown LazyConfig keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return config_from_dict(cls, d)
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,4 @@ class ElasticConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ElasticConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown ElasticConfig keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return config_from_dict(cls, d)
