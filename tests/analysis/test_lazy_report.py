@@ -23,6 +23,7 @@ def test_verdicts_follow_the_numbers():
     assert "within the seed spread" in md
     md = render_lab_claims(_doc([6.0, 1.0]))
     assert "not reproduced (0/3 seeds under the bar)" in md
+    assert "partly" in render_lab_claims(_doc([2.5, 1.0]))
 
 
 def test_pretrained_target_is_computed():

@@ -96,12 +96,14 @@ def _verdicts(runs: dict, u: float, probes: dict | None) -> list[str]:
             v = f"reproduced in {len(lz)}/{len(lz)} seeds"
         else:
             ok = sum(x <= SINK_TARGET for x in lz)
-            v = (f"not reproduced ({ok}/{len(lz)} seeds under the bar)" if max(lz) >= min(std_sink)
-                 else f"partly: the sink shrinks (largest layer {_ms(lz)[0]:.2f}x vs standard {_ms(std_sink)[0]:.2f}x)"
-                      f" but stays above {SINK_TARGET}x in {len(lz) - ok}/{len(lz)} seeds")
+            (ma, sa), (mb, sb) = _ms(lz), _ms(std_sink)
+            v = (f"partly: smaller than standard's beyond the seed spread, but above {SINK_TARGET}x in "
+                 f"{len(lz) - ok}/{len(lz)} seeds" if ma + sa < mb - sb
+                 else f"not reproduced ({ok}/{len(lz)} seeds under the bar)")
         label = "Elastic-Softmax + distance bias remove the attention sink" if name == "lazy" else \
             "Elastic-Softmax alone (no bias, standard RoPE base) removes it"
-        out.append(f"| {label} [largest layer <= {SINK_TARGET}x uniform in every seed, where standard's is above] | "
+        out.append(f"| {label} [largest layer <= {SINK_TARGET}x uniform in every seed, where standard's is above; "
+                   "partly: below standard's beyond the sum of both std] | "
                    f"{name}: {_fmt(lz, 2)}x; standard {_fmt(std_sink, 2)}x | {v} |")
     if "lazy" in runs:
         sp = [r["sparsity"] for r in runs["lazy"]]
