@@ -91,3 +91,27 @@ def render_global_keys(doc: dict) -> str:
                      + " | ".join(f"{100 * x:.0f}%" for x in c["held"]) + " |")
     return "\n".join(lines + ["", f"T = {doc['T']}, window {doc['window']}, {doc['sinks']} sink; distant mass "
                               "weighted by layer. Command: `" + doc["command"] + "`"])
+
+
+def render_roles(doc: dict) -> str:
+    """``scripts/roles_eval.py``: query and key roles (query top-1 / key top-k) beside symmetric top-1 and top-2 on
+    one adapter, without retraining: kept pairs, distant attention dropped (and the oracle's at the same budget),
+    perplexity, repeat-copy and passkey."""
+    names = list(doc["masks"])
+    lines = [f"Command: `{doc.get('command')}`", "",
+             f"Adapter `{doc['adapter']}` at T = {doc['T']} ({doc['recall_windows']} recall and {doc['ppl_windows']} "
+             "perplexity windows per split); masks: " + "; ".join(f"`{k}` = {v}" for k, v in doc["masks"].items()),
+             "", "| mask | split | pairs kept | distant attention dropped | oracle, same budget | × oracle | "
+             "perplexity vs original |", "|---|---|---|---|---|---|---|"]
+    for name in names:
+        for split, sd in doc["splits"].items():
+            m = sd["masks"][name]
+            lines.append(f"| {name} | {split} ({doc['corpora'][split]}) | {100 * m['pairs_kept']:.1f}% | "
+                         f"{100 * m['distant_dropped']:.1f}% | {100 * m['distant_dropped_oracle']:.1f}% | "
+                         f"{m['vs_oracle']:.1f}× | {100 * m['ppl_change']:+.1f}% |")
+    pr = doc.get("probes")
+    if pr:
+        res = pr["results"]
+        lines += ["", f"Probes ({pr['filler']} filler): repeat-copy perplexity / passkey accuracy: "
+                  + "; ".join(f"{k} {v['repeat_ppl']:.2f} / {100 * v['passkey']:.0f}%" for k, v in res.items())]
+    return "\n".join(lines)

@@ -12,7 +12,7 @@ from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .pareto import plot_pareto, render_decision_table, render_pareto
-from .recall_report import recall_section, render_global_keys
+from .recall_report import recall_section, render_global_keys, render_roles
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
@@ -114,6 +114,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     # (json file, our heading or None, renderer, extra keyword arguments, plots)
     sections = [
         ("sink_probe.json", "## Attention sinks in the pretrained model (why `sink_tokens=1`)", sinks_markdown, {}, []),
+        ("long_eval_k8_roles.json", "### Query and key roles without retraining (query top-1 / key top-2)",
+         render_roles, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
          "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
