@@ -69,7 +69,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if not d.is_dir():
         raise InputError("results", str(d), "no such folder")
     parts = [HEADER]
-    long_docs = [_load(p) for p in sorted(d.glob("long_eval*.json"))]
+    # Focus long-eval runs only: a Lazy adapter's (no routing, its own section) and the roles probe have other shapes
+    long_docs = [doc for doc in (_load(p) for p in sorted(d.glob("long_eval*.json"))) if "focus_config" in doc]
     bench_paths = sorted(d.glob("model_bench*.json"))
     bench_docs = [_load(p) for p in bench_paths]
     parts.append("## End to end: a trained adapter on the real model at long context\n")
