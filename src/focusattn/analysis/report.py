@@ -51,6 +51,16 @@ def retrofit_table(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _one_mode_rows(cfg: dict, ppl: dict, key: str, label: str) -> list[str]:
+    """The before/after perplexity table of a method with one evaluated mode (LoRA, Lazy)."""
+    lines = [f"| split | before | after: {label} |", "|---|---|---|"]
+    for split in ("domain", "ood"):
+        if split in ppl["after"]:
+            name = cfg["ood_data"] if split == "ood" else cfg["data"]
+            lines.append(f"| {split} ({name}) | {_f(ppl['before'].get(split))} | {_f(ppl['after'][split][key])} |")
+    return lines
+
+
 def lazy_table(s: dict) -> str:
     """Markdown summary of a Lazy retrofit ``summary.json`` (``focusattn retrofit --method lazy``)."""
     cfg, par, ppl, lz = s["config"], s["parameters"], s["perplexity"], s["lazy"]
@@ -66,13 +76,7 @@ def lazy_table(s: dict) -> str:
         f"trainable parameters: {par['trainable']:,} ({par['percent']:.3f}% of {par['total']:,}); tau after "
         f"training: mean {sum(tau) / len(tau):.3g}, min {min(tau):.3g}, max {max(tau):.3g}",
         "",
-        "| split | before | after: Lazy |",
-        "|---|---|---|",
-    ]
-    for split in ("domain", "ood"):
-        if split in ppl["after"]:
-            name = cfg["ood_data"] if split == "ood" else cfg["data"]
-            lines.append(f"| {split} ({name}) | {_f(ppl['before'].get(split))} | {_f(ppl['after'][split]['lazy'])} |")
+    ] + _one_mode_rows(cfg, ppl, "lazy", "Lazy")
     u = att["uniform_sink_mass"]
     lines += ["", f"exact zeros {100 * att['mean']['sparsity']:.1f}% of causal pairs; surviving mass "
               f"{att['mean']['surviving_mass']:.3f}; first-token share {att['mean']['sink_share'] / u:.1f}x uniform "
@@ -91,12 +95,6 @@ def lora_table(s: dict) -> str:
         "",
         f"trainable parameters: {par['trainable']:,} ({par['percent']:.3f}% of {par['total']:,})",
         "",
-        "| split | before | after: LoRA |",
-        "|---|---|---|",
-    ]
-    for split in ("domain", "ood"):
-        if split in ppl["after"]:
-            name = cfg["ood_data"] if split == "ood" else cfg["data"]
-            lines.append(f"| {split} ({name}) | {_f(ppl['before'].get(split))} | {_f(ppl['after'][split]['lora'])} |")
+    ] + _one_mode_rows(cfg, ppl, "lora", "LoRA")
     lines += ["", f"adapter (peft format): `{s['adapter']}`; wall time {s['wall_seconds'] / 60:.1f} min"]
     return "\n".join(lines)
