@@ -33,6 +33,12 @@ def _extrap(probes: dict | None, model: str, intervention: str, multiple: int) -
             and r["multiple"] == multiple and r["corpus"] == "shakespeare"]
 
 
+def _compare(a: list[float], b: list[float]) -> str:
+    """'better' / 'worse' (loss) only beyond the sum of both standard deviations, else 'within the seed spread'."""
+    (ma, sa), (mb, sb) = _ms(a), _ms(b)
+    return "better" if ma < mb - (sa + sb) else "worse" if ma > mb + (sa + sb) else "within the seed spread"
+
+
 def render_lab_claims(cj: dict, probes: dict | None = None) -> str:
     """The claims table from a ``compare`` run at T = 512 (``lab.sink.json``) and its extrapolation probes
     (``lab.sink_probes.json``, the threshold-cap intervention)."""
@@ -114,12 +120,7 @@ def _verdicts(runs: dict, u: float, probes: dict | None) -> list[str]:
         for key, label in (("val_loss", "1x"), ("val_loss_2x", "2x"), ("val_loss_4x", "4x")):
             a, b = [r[key] for r in runs["lazy"]], [r[key] for r in std]
             (ma, sa), (mb, sb) = _ms(a), _ms(b)
-            if ma <= mb - (sa + sb):
-                v = "better"
-            elif ma <= mb + (sa + sb):
-                v = "within the seed spread"
-            else:
-                v = "worse"
+            v = _compare(a, b)
             what = "competitive or better quality" if label == "1x" else f"extrapolation at {label} degrades less"
             out.append(f"| {what} (loss) [lazy vs standard, beyond the sum of their std = a verdict] | lazy "
                        f"{ma:.3f} ± {sa:.3f}, standard {mb:.3f} ± {sb:.3f} | "
@@ -129,8 +130,8 @@ def _verdicts(runs: dict, u: float, probes: dict | None) -> list[str]:
                 cap, plain = _extrap(probes, "lazy", "threshold cap", m), _extrap(probes, "lazy", "as trained", m)
                 if cap and plain:
                     out.append(f"| (ours) capping n in tau/n at the training length helps at {m}x | cap "
-                               f"{_fmt(cap)}, as trained {_fmt(plain)} | "
-                               f"{'yes' if _ms(cap)[0] < _ms(plain)[0] else 'no'} |")
+                               f"{_fmt(cap)}, as trained {_fmt(plain)} (same probe windows) | "
+                               f"{_compare(cap, plain)} |")
     return out
 
 
