@@ -261,6 +261,8 @@ def render_lazy_readme(results_dir) -> str:
                     "computed from the runs):", ""]
             for row in _verdicts(cj["runs"], cj["uniform_sink_mass"], probes):
                 claim, measured, verdict = [c.strip() for c in row.strip("|").split("|")]
+                if claim.startswith("(ours)"):
+                    continue  # our own probes stay in RESULTS
                 out.append(f"- {claim.split(' [')[0]}: **{verdict}** ({measured})")
     probe = d / "lazy_probe.json"
     if probe.exists():
