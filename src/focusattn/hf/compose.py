@@ -81,6 +81,14 @@ def last_routing(model) -> list[Routing | None]:
     return [c.last() for c in routing_caches(model)]
 
 
+def freeze(model) -> dict[str, bool]:
+    """Freeze every parameter; return each one's former ``requires_grad`` (what ``unload`` restores)."""
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return before
+
+
 def compose(model, cfg: FocusConfig | None = None):
     """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
     from .lazy import is_lazy
@@ -93,9 +101,7 @@ def compose(model, cfg: FocusConfig | None = None):
                          "call focusattn.unload(model) first")
     modules = attention_modules(model)  # raises for unsupported architectures
     attention_fn.register()
-    frozen = {n: p.requires_grad for n, p in model.named_parameters()}
-    for p in model.parameters():
-        p.requires_grad_(False)
+    frozen = freeze(model)
     ref = next(model.parameters())
     state = FocusState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
     for m in modules:

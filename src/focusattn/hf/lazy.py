@@ -128,7 +128,7 @@ def compose_lazy(model, cfg: ElasticConfig | None = None, *, lora_rank: int | No
     """Add thresholds to every attention layer, freeze every original weight, switch attention to Elastic-Softmax;
     with ``lora_rank``, LoRA (peft) on the query/key projections trains beside them. In place; returns ``model``
     (the LoRA layers, if any, live inside it)."""
-    from .compose import is_composed
+    from .compose import freeze, is_composed
 
     cfg = cfg or ElasticConfig()
     if is_lazy(model):
@@ -138,9 +138,7 @@ def compose_lazy(model, cfg: ElasticConfig | None = None, *, lora_rank: int | No
                          "call focusattn.unload(model) first")
     modules = attention_modules(model)  # raises naming the supported architectures
     register()
-    frozen = {n: p.requires_grad for n, p in model.named_parameters()}
-    for p in model.parameters():
-        p.requires_grad_(False)
+    frozen = freeze(model)
     ref = next(model.parameters())
     heads = model.config.num_attention_heads
     state = LazyState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
