@@ -81,6 +81,16 @@ def last_routing(model) -> list[Routing | None]:
     return [c.last() for c in routing_caches(model)]
 
 
+def check_bare(model) -> None:
+    """A model carries one adapter at a time (Focus routers or Lazy thresholds): composing onto either is refused."""
+    from .lazy import is_lazy
+
+    if is_composed(model) or is_lazy(model):
+        have = "Focus routers" if is_composed(model) else "a Lazy (Elastic-Softmax) adapter"
+        raise ValueError(f"model already has {have} (Focus and Lazy adapters cannot be combined, nor stacked): call "
+                         "focusattn.unload(model) first")
+
+
 def freeze(model) -> dict[str, bool]:
     """Freeze every parameter; return each one's former ``requires_grad`` (what ``unload`` restores)."""
     before = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -91,14 +101,8 @@ def freeze(model) -> dict[str, bool]:
 
 def compose(model, cfg: FocusConfig | None = None):
     """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
-    from .lazy import is_lazy
-
     cfg = cfg or FocusConfig()
-    if is_composed(model):
-        raise ValueError("model already has Focus routers: call focusattn.unload(model) first")
-    if is_lazy(model):
-        raise ValueError("model has a Lazy (Elastic-Softmax) adapter: Focus and Lazy adapters cannot be combined; "
-                         "call focusattn.unload(model) first")
+    check_bare(model)
     modules = attention_modules(model)  # raises for unsupported architectures
     attention_fn.register()
     frozen = freeze(model)

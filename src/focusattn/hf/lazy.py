@@ -128,14 +128,10 @@ def compose_lazy(model, cfg: ElasticConfig | None = None, *, lora_rank: int | No
     """Add thresholds to every attention layer, freeze every original weight, switch attention to Elastic-Softmax;
     with ``lora_rank``, LoRA (peft) on the query/key projections trains beside them. In place; returns ``model``
     (the LoRA layers, if any, live inside it)."""
-    from .compose import freeze, is_composed
+    from .compose import check_bare, freeze
 
     cfg = cfg or ElasticConfig()
-    if is_lazy(model):
-        raise ValueError("model already has Elastic-Softmax thresholds: call focusattn.unload(model) first")
-    if is_composed(model):
-        raise ValueError("model has Focus routers: Lazy (Elastic-Softmax) and Focus adapters cannot be combined; "
-                         "call focusattn.unload(model) first")
+    check_bare(model)
     modules = attention_modules(model)  # raises naming the supported architectures
     register()
     frozen = freeze(model)
@@ -297,14 +293,14 @@ def load_lazy_adapter(model, path: str | os.PathLike, *, check_base: bool = True
     """Compose ``model`` with a Lazy adapter's config and load its tensors strictly (checksum first). A model that
     already carries Focus routers or thresholds is refused; on any error the model is left as it came."""
     from ..adapters import resolve
-    from .compose import is_composed
+    from .compose import check_bare
 
     path = resolve(path)
     meta = read_lazy_config(path)
-    if is_composed(model) or is_lazy(model):
-        raise ValueError(f"adapter {path} is a Lazy (Elastic-Softmax) adapter and this model already has "
-                         f"{'Focus routers' if is_composed(model) else 'a Lazy adapter'}; call focusattn.unload(model) "
-                         "first (Focus and Lazy adapters cannot be combined)")
+    try:
+        check_bare(model)
+    except ValueError as e:
+        raise ValueError(f"adapter {path} is a Lazy (Elastic-Softmax) adapter and the {e}") from None
     if meta["model_type"] != model.config.model_type or meta["hidden_size"] != model.config.hidden_size \
             or meta["num_heads"] != model.config.num_attention_heads:
         raise ValueError(f"adapter {path} was made for a {meta['model_type']} with hidden size {meta['hidden_size']} "
