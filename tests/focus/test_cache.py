@@ -9,7 +9,12 @@ from tests.conftest import V, tiny_model
 
 
 @pytest.mark.parametrize("top_k,rebalance", [(None, 0), (1, 0), (None, 8), (2, 7)])
-def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance):
+def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance, monkeypatch):
+    """A prefill and decode steps route like one prefill, however each step routes: hard steps take
+    ``FocusRouter.decode`` (the lean step) except the first step of a rebalancing interval (``forward``)."""
+    lean = []
+    real = fa.FocusRouter.decode
+    monkeypatch.setattr(fa.FocusRouter, "decode", lambda self, *a: lean.append(real(self, *a)) or lean[-1])
     m = tiny_model("llama")
     fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, rebalance=rebalance)).eval()
     x = torch.randint(1, V, (2, 40))
@@ -27,6 +32,11 @@ def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance):
             assert r.membership is None
         else:
             assert torch.equal(r.membership, whole[1][layer])
+    taken = sum(r is not None for r in lean)
+    if top_k is None:
+        assert taken == 0
+    else:  # 20 steps per layer; with rebalance=7 the steps at positions 21, 28, 35 start an interval
+        assert taken == len(routing_caches(m)) * (20 - (3 if rebalance else 0))
 
 
 def test_training_forwards_are_not_kept_and_config_changes_reset():

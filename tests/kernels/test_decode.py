@@ -85,3 +85,83 @@ def test_masked_pass_keeps_kept_keys_far_below_a_masked_one():
     ref = torch.softmax(s, -1) @ v[0, 0, 10:]
     assert torch.isfinite(out).all() and torch.allclose(out[0, :, 0], ref, atol=1e-6)
     assert torch.allclose(lse[0, :, 0], torch.logsumexp(s, -1), atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 5), top_k=st.integers(1, 3), window=st.integers(0, 12),
+       sink=st.integers(0, 3), roles=st.booleans(), start=st.integers(1, 30))
+def test_one_sequence_steps_through_the_host_record_equal_the_reference(seed, k, top_k, window, sink, roles, start):
+    """A decode step of one sequence (the ``gather`` branch's fast path: ``GroupIndex.last_keys`` +
+    ``gathered_step``) equals the dense reference step by step, outputs and LSE: top-k > 1 (keys listed once), sinks
+    in and out of the query's groups and window, query and key roles, GQA; and again after a crop and a reorder
+    (the host record is rebuilt)."""
+    from focusattn.kernels import dispatch
+    from focusattn.kernels.dispatch import BreakEvens
+    from tests.conftest import random_membership
+
+    top_k = min(top_k, k)
+    t = start + 40
+    gen = torch.Generator().manual_seed(seed)
+    memb = random_membership(1, t, k, top_k, gen=gen)
+    qmem = None
+    if roles and top_k > 1:  # the query's one group is one of its key groups (hard_memberships' rule)
+        first = torch.where(memb, torch.rand(memb.shape, generator=gen), -1.0).argmax(-1, keepdim=True)
+        qmem = torch.zeros_like(memb).scatter_(-1, first, True)
+    q, kk, v = (torch.randn(1, h, t, 8, generator=gen) for h in (4, 2, 2))
+    fast = []
+    real = decode.gathered_step
+
+    def counted(*a, **kw):
+        fast.append(1)
+        return real(*a, **kw)
+
+    index = GroupIndex(memb[:, :start])
+    before = dispatch.PICKS["gather"]
+    with torch.no_grad(), dispatch.using({"cpu": BreakEvens(prefill={}, decode={1: 0})}), \
+            _patch(decode, "gathered_step", counted):
+        for i in range(start, t):
+            if i == start + 20:  # a rollback and a (trivial) reorder: the host record is rebuilt from the index
+                index.crop(i - 3).append(memb[:, i - 3:i]).reorder(torch.tensor([0]))
+            index.append(memb[:, i:i + 1])
+            kw = dict(sink=sink, return_lse=True,
+                      query_membership=None if qmem is None else qmem[:, i:i + 1])
+            out, lse = focus_attention(q[:, :, i:i + 1], kk[:, :, :i + 1], v[:, :, :i + 1], index.membership,
+                                       window, group_index=index, **kw)
+            ref, ref_lse = dense_focus_attention(q[:, :, i:i + 1], kk[:, :, :i + 1], v[:, :, :i + 1],
+                                                 memb[:, :i + 1], window, **kw)
+            assert (out - ref).abs().max() <= 1e-5, i
+            assert (lse - ref_lse).abs().max() <= 1e-4, i
+    assert len(fast) == dispatch.PICKS["gather"] - before  # every gathered step took it
+    if 2 * top_k <= k and window < start:
+        assert fast  # and it was taken (the other steps are plain causal: every pair kept)
+
+
+def test_last_keys_lists_each_allowed_key_once():
+    """The host record's key list is exactly the reference mask's row for the last token, each key once."""
+    from focusattn.kernels.common import sink_key_mask
+    from focusattn.kernels.reference import focus_allowed
+    from tests.conftest import random_membership
+
+    memb = random_membership(1, 300, 6, 2, seed=3)
+    index = GroupIndex(memb[:, :100])
+    for i in range(100, 300):
+        index.append(memb[:, i:i + 1])
+        keys = index.last_keys(17, 2).tolist()
+        assert len(keys) == len(set(keys))
+        row = focus_allowed(memb[:, :i + 1], 17, 1, sink_key_mask(i + 1, 2, None, memb.device))[0, -1]
+        assert sorted(keys) == row.nonzero()[:, 0].tolist(), i
+    assert GroupIndex(random_membership(2, 10, 4, 1)).last_keys(3) is None  # a batch: the general path
+
+
+class _patch:
+    """``setattr`` for a block (the hypothesis test cannot take pytest's function-scoped monkeypatch)."""
+
+    def __init__(self, obj, name, value):
+        self.obj, self.name, self.value = obj, name, value
+
+    def __enter__(self):
+        self.old = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.obj, self.name, self.old)

@@ -24,7 +24,7 @@ from .._io import write_json
 from ..kernels import dispatch
 from ..kernels.api import focus_attention
 from ..kernels.common import default_scale
-from ..kernels.decode import focus_decode_attention
+from ..kernels.decode import gather_branch
 from ..kernels.group_index import GroupIndex
 from .common import captured_membership, env, load_captured, random_membership, timed_cpu
 
@@ -115,8 +115,8 @@ def decode_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, 
             fns = {
                 "decode-masked": lambda: [dispatch.dense_branch(q, k, v, m, window, sink=sink, scale=scale,
                                                                 causal_only=False) for k, v, m, _ in caches],
-                "gather": lambda: [focus_decode_attention(q, k, v, m, window, sink=sink, group_index=i,
-                                                          validate=False) for k, v, m, i in caches],
+                "gather": lambda: [gather_branch(q, k, v, m, window, sink=sink, group_index=i)
+                                   for k, v, m, i in caches],
                 "causal": lambda: [torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                                    for k, v, _, _ in caches],
             }

@@ -125,6 +125,11 @@ class RoutingCache:
             raise ValueError("decoding with a KV cache needs FocusConfig.routing='causal' (sequence routing sees the "
                              "future); compose with routing='causal'")
         start = len(self._groups) if self._groups is not None else tk - tq  # absolute (a trimmed KV cache: tk < it)
+        if keep and self._groups is not None and (not router.cfg.rebalance or (  # inference (no graph): the
+                self._scores is not None and len(self._scores) == start)):  # router's lean step where it applies
+            routing = router.decode(h, start, self._memo)
+            if routing is not None:
+                return self.step(routing, tk, sliding_window=sliding_window)
         past = None
         if router.cfg.rebalance:
             if self._scores is None or len(self._scores) != start:

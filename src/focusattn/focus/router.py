@@ -207,6 +207,29 @@ class FocusRouter(nn.Module):
         # the logits are kept (by the routing cache) only when online rebalancing will need them in decode steps
         return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl, qmem)
 
+    def decode(self, h: torch.Tensor, start: int, memo: dict) -> Routing | None:
+        """What :meth:`forward` gives for a decode step's new tokens at inference (evaluation mode, no gradient,
+        causal hard routing), without its general machinery: the per-step cost is the few tensor ops of the
+        routing itself, not the Python around them. None where a step needs more: the first step of a new online
+        rebalancing interval (Sinkhorn over the earlier tokens), global keys, sequence or random routing."""
+        cfg = self.cfg
+        if self.training or cfg.routing != "causal" or cfg.top_k is None or self.globals is not None:
+            return None
+        b = self.offsets
+        if cfg.rebalance:
+            c = start // cfg.rebalance
+            if c != (start + h.shape[1] - 1) // cfg.rebalance:
+                return None
+            if c > 0:
+                b = memo.get(c * cfg.rebalance)
+                if b is None:
+                    return None
+                b = b[:, None, :]
+        logits = self.scores(h)
+        groups = torch.softmax(logits + b.to(logits.dtype), dim=-1)
+        membership, qmem = hard_memberships(groups, cfg)
+        return Routing(groups, membership, logits if cfg.rebalance else None, query_membership=qmem)
+
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:
         """Baseline routing: groups drawn per absolute position (fixed seed, chunks of 4096 positions), so the same

@@ -39,8 +39,8 @@ import warnings
 import torch
 
 from .backends import check_backend
-from .decode import focus_decode_attention
 from .common import default_scale, has_sinks, sink_key_mask
+from .decode import focus_decode_attention, gather_branch
 from .dispatch import PICKS, choose, dense_branch
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
@@ -81,6 +81,10 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
             out, lse = dense_branch(q, k, v, membership, window, sink=sink, scale=default_scale(q.shape[-1], scale),
                                     key_padding_mask=key_padding_mask, causal_only=branch == "causal",
                                     query_membership=query_membership)
+        elif branch == "gather":
+            out, lse = gather_branch(q, k, v, membership, window, sink=sink, group_index=group_index,
+                                     query_membership=query_membership, **kw)
+        if branch != "decomposed":
             return (out, lse) if return_lse else out
     if backend == "dense":
         out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True,

@@ -18,9 +18,30 @@ largest group, i.e. ``4 * B * T * k`` bytes (up to twice that) for balanced top-
 """
 from __future__ import annotations
 
+import collections
+from dataclasses import dataclass
+
 import torch
 
 _PAD = torch.iinfo(torch.int32).max  # sorts after every real position, and fails every "< p - w" test
+_FIRST = 16  # the host record keeps the groups of this many first positions (the sinks a step may add)
+
+
+@dataclass
+class _Host:
+    """Host-side record for one-row decode steps (:meth:`GroupIndex.last_keys`), all Python ints: ``far[g]`` = how
+    many of group g's tokens lie before ``far_len`` (the last token's window starts there), ``recent`` the groups of
+    the tokens from ``far_len`` on (the window, oldest first), ``first`` the groups of the first positions."""
+
+    window: int
+    far_len: int
+    far: list
+    recent: collections.deque
+    first: list
+
+
+def _groups_of(rows: list) -> list[tuple[int, ...]]:
+    return [tuple(i for i, x in enumerate(r) if x) for r in rows]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -65,6 +86,8 @@ class GroupIndex:
         self._memb[:, :t] = membership
         self._len = t
         self._listed, self._listed_len = self.counts, t  # the lists hold every token so far (see _sync)
+        self._host: _Host | None = None  # built by the first last_keys call
+        self._arange = torch.arange(0, dtype=torch.int32, device=dev)
         self._note_groups(membership)
 
     # ------------------------------------------------------------------------------------------- state
@@ -113,7 +136,11 @@ class GroupIndex:
         t = membership_new.shape[1]
         if t == 0:
             return self
-        lo, hi = torch.stack(torch.aminmax(membership_new.sum(-1))).tolist()  # one sync: the check and the bounds
+        if self._host is not None:  # one sync gives the host record its rows, and the check and the bounds
+            rows = _groups_of(membership_new[0].tolist())
+            lo, hi = min(map(len, rows)), max(map(len, rows))
+        else:
+            lo, hi = torch.stack(torch.aminmax(membership_new.sum(-1))).tolist()  # one sync: the check, the bounds
         if lo < 1:
             raise ValueError("membership_new: every token must belong to at least one group")
         if self._len + t > self._memb.shape[1]:
@@ -126,6 +153,11 @@ class GroupIndex:
         self.min_groups, self.max_groups = min(self.min_groups, lo), max(self.max_groups, hi)
         if self.one_group_holds_all:
             self.one_group_holds_all = bool((self.counts == self._len).any(-1).all())
+        if self._host is not None:
+            h = self._host
+            h.first.extend(rows[:max(0, _FIRST - len(h.first))])
+            h.recent.extend(rows)
+            self._advance()
         return self
 
     def _sync(self) -> None:
@@ -161,6 +193,7 @@ class GroupIndex:
         self._memb[:, n:self._len] = False
         self._len = n
         self._bound = int(self.counts.max())
+        self._host = None
         self._note_groups(self.membership)
         return self
 
@@ -171,6 +204,7 @@ class GroupIndex:
         self._sync()
         self._listed = self._listed[batch_idx]
         self._pos, self.counts, self._memb = self._pos[batch_idx], self.counts[batch_idx], self._memb[batch_idx]
+        self._host = None
         self._note_groups(self.membership)
         return self
 
@@ -214,3 +248,45 @@ class GroupIndex:
         if key_padding_mask is not None:
             valid = valid & key_padding_mask.gather(1, idx.flatten(1)).view_as(idx)
         return idx.masked_fill(~valid, 0), valid
+
+    # ------------------------------------------------------------------------------------------- one-row decode steps
+    def _advance(self) -> None:
+        """Move the host record's window start to the last token's (``len - 1 - window``)."""
+        h = self._host
+        target = max(0, self._len - 1 - h.window)
+        while h.far_len < target:
+            for g in h.recent.popleft():
+                h.far[g] += 1
+            h.far_len += 1
+
+    def last_keys(self, window: int, sink: int = 0, query_groups: tuple[int, ...] | None = None) -> torch.Tensor | None:
+        """Positions (int32 ``[L]``, each allowed key once) that the *last* indexed token may attend as a query:
+        the first ``sink`` tokens, the earlier tokens of its groups (``query_groups``, with query and key roles;
+        else its own) before its window, and the window ``[p - w, p]``. None for more than one batch row.
+
+        The common decode step (one sequence, one new token) at host speed: a Python record per group of how many
+        of its tokens lie before the window (:class:`_Host`, kept by :meth:`append` in ``O(t * K)`` Python work,
+        the window's groups rolling through a deque) makes each group's far keys a slice of its position list, so
+        a step is a few slices and one concatenation, with no tensor scan and no sync beyond ``append``'s."""
+        if self.counts.shape[0] != 1 or self._len == 0 or sink > _FIRST:
+            return None
+        if self._host is None or self._host.window != window:
+            far_len = max(0, self._len - 1 - window)
+            m = self.membership[0]
+            self._host = _Host(window, far_len, m[:far_len].sum(0).tolist(),
+                               collections.deque(_groups_of(m[far_len:].tolist())), _groups_of(m[:_FIRST].tolist()))
+        h = self._host
+        if self._listed_len < h.far_len:  # the lists lag the index (see _sync): catch up, once per ~window steps
+            self._sync()
+        qg = h.recent[-1] if query_groups is None else query_groups
+        parts = [self._pos[0, g, :h.far[g]] for g in qg if h.far[g]]
+        if len(parts) > 1:  # top-k > 1: a key in several of the query's groups is listed once
+            parts = [torch.unique(torch.cat(parts))]
+        sinks = [j for j in range(min(sink, h.far_len)) if not set(h.first[j]).intersection(qg)]
+        if self._arange.numel() < self._len:
+            self._arange = torch.arange(_pow2_at_least(self._len), dtype=torch.int32, device=self.device)
+        if sinks:
+            parts.insert(0, self._arange[:len(sinks)] if sinks[-1] == len(sinks) - 1 else
+                         torch.tensor(sinks, dtype=torch.int32, device=self.device))
+        parts.append(self._arange[h.far_len:self._len])
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
