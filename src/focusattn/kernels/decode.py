@@ -67,9 +67,9 @@ def _gather_rows(src: torch.Tensor, rows: torch.Tensor, slot: int) -> torch.Tens
 
 
 @functools.lru_cache(maxsize=16)
-def _row_base(hkv: int, tk: int, device: torch.device) -> torch.Tensor:
-    """``[Hkv, 1]`` int32: the first row of each k/v head in a ``[Hkv * Tk, D]`` view of one sequence's cache."""
-    return (torch.arange(hkv, dtype=torch.int32, device=device) * tk).view(hkv, 1)
+def _heads(hkv: int, device: torch.device) -> torch.Tensor:
+    """``[Hkv, 1]`` int32 ``0 .. Hkv - 1``: head ``h``'s rows start at ``h * Tk`` in a ``[Hkv * Tk, D]`` view."""
+    return torch.arange(hkv, dtype=torch.int32, device=device).view(hkv, 1)
 
 
 def gathered_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, scale: float):
@@ -80,7 +80,7 @@ def gathered_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     The decode step of one sequence at inference, with the fused op (``dispatch._fused_ok``): four tensor ops
     whatever the cache length, where the general path below spends ~100 on lists, masks and bookkeeping."""
     hkv, tk, d = k.shape[1], k.shape[2], k.shape[3]
-    rows = (_row_base(hkv, tk, q.device) + keys).flatten()
+    rows = torch.add(keys, _heads(hkv, q.device), alpha=tk).flatten()  # one op: keys + h * Tk
     kg = _gather_rows(k.reshape(-1, d), rows, 0).view(1, hkv, keys.numel(), d)
     vg = _gather_rows(v.reshape(-1, d), rows, 1).view(1, hkv, keys.numel(), d)
     out, lse = fused_fwd(q, kg, vg, None, scale, causal=False)

@@ -38,6 +38,7 @@ class _Host:
     far: list
     recent: collections.deque
     first: list
+    lists: list | None = None
 
 
 def _groups_of(rows: list) -> list[tuple[int, ...]]:
@@ -279,7 +280,9 @@ class GroupIndex:
         if self._listed_len < h.far_len:  # the lists lag the index (see _sync): catch up, once per ~window steps
             self._sync()
         qg = h.recent[-1] if query_groups is None else query_groups
-        parts = [self._pos[0, g, :h.far[g]] for g in qg if h.far[g]]
+        if h.lists is None or h.lists[0]._base is not self._pos:  # per-group views of row 0 (one slice a step)
+            h.lists = list(self._pos[0].unbind(0))
+        parts = [h.lists[g][:h.far[g]] for g in qg if h.far[g]]
         if len(parts) > 1:  # top-k > 1: a key in several of the query's groups is listed once
             parts = [torch.unique(torch.cat(parts))]
         sinks = [j for j in range(min(sink, h.far_len)) if not set(h.first[j]).intersection(qg)]

@@ -99,10 +99,11 @@ def validate_focus_inputs(q, k, v, membership, window, *, scale=None, softcap=No
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     new = k.shape[2] - q.shape[2] if group_index is not None else 0  # see the module docstring
     parts = (("q", q), ("k", k[:, :, new:]), ("v", v[:, :, new:]))
-    if group_index is not None:  # a decode step: one sum and one sync for its few rows; a bad one is named below
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if math.isfinite(float(sum(t.detach().sum(dtype=acc) for _, t in parts))):
-            return
+    if group_index is not None:  # a decode step: a sum per tensor of its few rows (in their own dtype: an overflow
+        # only sends it to the exact check below), no graph, no conversions; a bad one is named below
+        with torch.no_grad():
+            if math.isfinite(sum(float(t.sum()) for _, t in parts)):
+                return
     for name, t in parts:
         check_finite(name, t)
 
