@@ -108,7 +108,8 @@ lab-sink: $(STAMP)
 	$(MAKE) results
 
 # Elastic-Softmax on the pretrained model: the tau trade-off (training-free), tau trained on the frozen model, tau with
-# LoRA on q,k; the trained adapters' statistics, long-context probes and lm-eval. ~1 h on 1 core.
+# LoRA on q,k, tau with the distance-bias table; the trained adapters' statistics, long-context probes and lm-eval.
+# ~1.5 h on 1 core.
 lazy: $(STAMP)
 	mkdir -p docs/results
 	$(VENV)/bin/focusattn lazy-probe --taus 0.03,0.1,0.3,1,3 --lengths 512,2048 --threads 1 --out $(RUNS)/lazy-probe \
@@ -122,6 +123,12 @@ lazy: $(STAMP)
 	$(VENV)/bin/focusattn lazy-probe --taus "" --adapters $(RUNS)/lazy-tau,$(RUNS)/lazy-lora --lengths 512,2048 \
 		--threads 1 --out $(RUNS)/lazy-probe-trained --no-progress
 	cp $(RUNS)/lazy-probe-trained/lazy_probe.json docs/results/lazy_probe_trained.json
+	$(VENV)/bin/focusattn retrofit --method lazy --lazy-bias --tau-init 1 --lr 0.05 --steps 60 --threads 1 \
+		--out $(RUNS)/lazy-bias
+	cp $(RUNS)/lazy-bias/summary.json docs/results/lazy_retrofit_bias.json
+	$(VENV)/bin/focusattn lazy-probe --taus "" --adapters $(RUNS)/lazy-tau,$(RUNS)/lazy-bias --lengths 512,2048 \
+		--threads 1 --out $(RUNS)/lazy-probe-bias --no-progress
+	cp $(RUNS)/lazy-probe-bias/lazy_probe.json docs/results/lazy_probe_trained_bias.json
 	for r in tau lora; do \
 		$(VENV)/bin/focusattn long-eval --adapter $(RUNS)/lazy-$$r --lengths 2048 --threads 1 \
 			--out $(RUNS)/le-lazy-$$r || exit 1; \

@@ -1,5 +1,7 @@
 """The Lazy claims table computes its verdicts from the runs (nothing typed by hand)."""
-from focusattn.analysis.lazy_report import render_lab_claims, render_lazy_pretrained
+import json
+
+from focusattn.analysis.lazy_report import render_lab_claims, render_lazy_pretrained, render_lazy_results
 
 
 def _run(loss, sink_layers, sparsity, seed):
@@ -26,15 +28,31 @@ def test_verdicts_follow_the_numbers():
     assert "partly" in render_lab_claims(_doc([2.5, 1.0]))
 
 
-def test_pretrained_target_is_computed():
-    def point(name, tau, ppl, share):
-        att = {"uniform_sink_mass": 0.01, "uniform_far": 0.001, "mean": {"sparsity": 0.5, "surviving_mass": 0.9,
-                                                                         "sink_share": share, "zero_tiles": 0.0},
-               "per_layer": {"sink_share": [share, share]}}
-        return {"point": name, "tau_mean": tau, "rows": [{"T": 512, "ppl_domain": ppl, "attention": att}]}
+def _point(name, tau, ppl, share):
+    att = {"uniform_sink_mass": 0.01, "uniform_far": 0.001, "mean": {"sparsity": 0.5, "surviving_mass": 0.9,
+                                                                     "sink_share": share, "zero_tiles": 0.0},
+           "per_layer": {"sink_share": [share, share]}}
+    return {"point": name, "tau_mean": tau, "rows": [{"T": 512, "ppl_domain": ppl, "attention": att}]}
 
+
+def test_pretrained_target_is_computed():
+    point = _point
     probe = {"command": "c", "model": "m", "ppl_windows": 1, "stat_windows": 1, "corpora": {"domain": "d"},
              "points": [point("original", 0, 10.0, 0.3), point("tau=1", 1, 10.1, 0.015)]}
     assert "met by tau=1 at 512" in render_lazy_pretrained(probe)
     probe["points"][1] = point("tau=1", 1, 12.0, 0.3)
     assert "met by no point" in render_lazy_pretrained(probe)
+
+
+def test_trained_probes_from_several_files_are_merged_once(tmp_path):
+    """Each ``lazy_probe_trained*.json`` adds its adapters' rows; an adapter probed twice is shown once."""
+    base = {"command": "c0", "model": "m", "ppl_windows": 1, "stat_windows": 1, "corpora": {"domain": "d"}}
+    probe = {**base, "points": [_point("original", 0, 10.0, 0.3), _point("tau=1", 1, 10.1, 0.2)]}
+    one = {**base, "command": "c1", "points": [_point("original", 0, 10.0, 0.3), _point("runs/a", 1, 11.0, 0.2)]}
+    two = {**base, "command": "c2", "points": [_point("original", 0, 10.0, 0.3), _point("runs/a", 1, 11.5, 0.2),
+                                               _point("runs/b", 1, 12.0, 0.2)]}
+    (tmp_path / "lazy_probe_trained.json").write_text(json.dumps(one))
+    (tmp_path / "lazy_probe_trained_b.json").write_text(json.dumps(two))
+    md = render_lazy_results(probe, tmp_path)
+    assert md.count("| runs/a |") == 1 and md.count("| runs/b |") == 1 and "11.00" in md and "11.50" not in md
+    assert "c1` and `c2" in md

@@ -220,7 +220,15 @@ def render_lazy_results(probe: dict, results_dir=None) -> str:
 
     d = Path(results_dir or ".")
     load = lambda p: json.loads(p.read_text())  # noqa: E731
-    trained = load(d / "lazy_probe_trained.json") if (d / "lazy_probe_trained.json").exists() else None
+    trained = None
+    for f in sorted(d.glob("lazy_probe_trained*.json")):  # probes of trained adapters, one command each
+        doc = load(f)
+        if trained is None:
+            trained = doc
+            continue
+        seen = {p["point"] for p in trained["points"]}
+        trained = {**trained, "command": f"{trained.get('command')}` and `{doc.get('command')}",
+                   "points": trained["points"] + [p for p in doc["points"] if p["point"] not in seen]}
     retro = {p.stem.removeprefix("lazy_retrofit_"): load(p) for p in sorted(d.glob("lazy_retrofit_*.json"))}
     parts = [render_lazy_pretrained(probe, trained, retro)]
     for p in sorted(d.glob("long_eval_lazy_*.json")):
