@@ -201,13 +201,6 @@ def render_lab_sink(cj: dict, results_dir=None) -> str:
     d = Path(results_dir or ".")
     p = d / "lab.sink_probes.json"
     probes = json.loads(p.read_text()) if p.exists() else None
-    extra = d / "lab.sink_elastic.json"  # a variant run with fewer seeds (same preset), its own compare command
-    if extra.exists():
-        more = json.loads(extra.read_text())
-        if more["model"] == cj["model"] and more["train"] == cj["train"]:
-            cj = {**cj, **{k: {**more[k], **cj[k]} for k in ("runs", "summary", "per_layer")},
-                  "attentions": cj["attentions"] + [a for a in more["attentions"] if a not in cj["attentions"]],
-                  "command": f"{cj.get('command')}` and `{more.get('command')}"}
     return render_lab_claims(cj, probes) + "\n\nAll metrics:\n\n" + lab_markdown(cj).split("\n", 1)[1]
 
 
