@@ -10,6 +10,10 @@ appends them to what the prefill routed. The cache holds, per attention layer:
   reads only its own groups' keys.
 
 :meth:`route` is the one entry: a full forward (``tq == tk``) is a prefill, anything else a decode step.
+While the window covers every key of a call (``tk - 1 <= window``: a short prompt, and the decode steps that keep
+the cache that short) the mask keeps every causal pair whatever the groups, so, at inference, routing is deferred:
+the layer inputs are kept and routed in one batch by the first call that needs groups (or a reader), exactly as a
+prefill of them would route them; such a call is the original attention (:class:`CallRouting` with no routing).
 :meth:`groups` / :meth:`membership` / :meth:`last` read the routing of the last forward (and the decode steps
 after it) for analysis; they are what ``hf.last_routing(model)`` returns.
 """
@@ -51,11 +55,11 @@ class _Rows:
 
 @dataclass
 class CallRouting:
-    """What one attention call needs: ``routing`` covers all ``Tk`` keys (hard decode: the new tokens' groups and
+    """What one attention call needs: ``routing`` (None: deferred, see the module docstring) covers all ``Tk`` keys (hard decode: the new tokens' groups and
     every key's membership); ``group_index`` over the keys (hard decode steps only); ``trimmed``: the host's KV
     cache kept only its last keys (sliding-window layers), so ``routing`` was cut to them and no sink applies."""
 
-    routing: Routing
+    routing: Routing | None  # None: deferred (the window covers the call: it is the original attention)
     group_index: GroupIndex | None = None
     trimmed: bool = False
 
@@ -90,6 +94,7 @@ class RoutingCache:
         self._memo: dict = {}  # rebalancing boundary -> potentials
         self._global: _Rows | None = None  # global keys [B, T, 1] (cfg.global_rate > 0)
         self._query: _Rows | None = None  # query memberships [B, T, K] with query and key roles (cfg.key_top_k)
+        self._pending: tuple | None = None  # deferred (router, layer inputs [B, T, d], prefill padding mask or None)
 
     def follow_rows(self, key: torch.Tensor, tq: int) -> None:
         """Refuse a decode step whose KV cache had its batch rows reordered since the last call (beam search, or any
@@ -112,11 +117,24 @@ class RoutingCache:
 
     # ------------------------------------------------------------------------------------------- routing
     def route(self, router: FocusRouter, h: torch.Tensor, tk: int, *, key_padding_mask: torch.Tensor | None = None,
-              sliding_window: int | None = None, keep: bool = True) -> CallRouting:
+              sliding_window: int | None = None, keep: bool = True, defer: bool = False) -> CallRouting:
         """Route the ``tq = h.shape[1]`` new tokens of a call over ``tk`` keys. ``tq == tk``: a prefill (remembered
         when ``keep``: pass False while building an autograd graph); else a decode step appended to the cache.
-        ``key_padding_mask`` [B, Tk] (prefill only) keeps padding out of the routing statistics."""
+        ``key_padding_mask`` [B, Tk] (prefill only) keeps padding out of the routing statistics. ``defer``: the
+        caller can run the call as the original attention, so a call the window covers may leave its routing for
+        later (module docstring); the result's routing is then None."""
         tq = h.shape[1]
+        if keep and defer and tk - 1 <= router.cfg.window and router.defers():
+            if tq == tk:
+                self.reset()
+                self._pending = (router, h, key_padding_mask)
+                return CallRouting(None)
+            if self._pending is not None and self._pending[1].shape[1] + tq == tk:
+                r, past, kpm = self._pending
+                self._pending = (r, torch.cat([past, h], 1), kpm)
+                return CallRouting(None)
+        if tq < tk:
+            self._flush()
         if tq == tk:
             memo: dict = {}
             routing = router(h, mask=key_padding_mask, start=0, memo=memo)
@@ -139,6 +157,25 @@ class RoutingCache:
         return self.step(router(h, start=start, past=past, memo=self._memo), tk,
                          sliding_window=sliding_window)
 
+    def _flush(self) -> None:
+        """Route the deferred layer inputs as one prefill (evaluation mode, no graph): the routing a prefill of
+        those tokens would have given, online rebalancing included."""
+        if self._pending is None:
+            return
+        router, h, valid = self._pending
+        self._pending = None
+        if valid is not None and valid.shape[1] < h.shape[1]:  # the decode steps' tokens are real
+            valid = torch.cat([valid, valid.new_ones(valid.shape[0], h.shape[1] - valid.shape[1])], 1)
+        memo: dict = {}
+        was = router.training
+        router.training = False  # a reader in training mode must not update the router's statistics
+        try:
+            with torch.no_grad():
+                routing = router(h, mask=valid, start=0, memo=memo)
+        finally:
+            router.training = was
+        self.prefill(routing, keep=True, valid=valid, memo=memo)
+
     def prefill(self, routing: Routing, *, keep: bool = True, valid: torch.Tensor | None = None,
                 memo: dict | None = None) -> Routing:
         """A full forward's routing; with ``keep`` it replaces the cache (the start of a generation)."""
@@ -155,6 +192,7 @@ class RoutingCache:
 
     def cached(self, hard: bool) -> int:
         """Tokens held for hard (indexed) or soft routing; -1 when there is none of that kind."""
+        self._flush()
         if hard:
             if self._index is None:
                 return self._prefill_membership.shape[1] if self._prefill_membership is not None else -1
@@ -202,23 +240,29 @@ class RoutingCache:
 
     # ------------------------------------------------------------------------------------------- readers
     def __len__(self) -> int:
+        if self._pending is not None:
+            return self._pending[1].shape[1]
         return len(self._groups) if self._groups is not None else 0
 
     def groups(self) -> torch.Tensor | None:
         """Soft groups ``[B, T, K]`` of every cached token (None before the first no-grad full forward)."""
+        self._flush()
         return None if self._groups is None else self._groups.view()
 
     def membership(self) -> torch.Tensor | None:
         """Hard top-k membership bool ``[B, T, K]`` of every cached token as a key (None in soft mode or before
         any)."""
+        self._flush()
         return self._prefill_membership if self._index is None else self._index.membership
 
     def query_membership(self) -> torch.Tensor | None:
         """With query and key roles, every cached token's groups as a query ``[B, T, K]``; else None."""
+        self._flush()
         return None if self._query is None else self._query.view()
 
     def last(self) -> Routing | None:
         """The cached routing as one :class:`Routing` (None before the first no-grad full forward)."""
+        self._flush()
         if self._groups is None:
             return None
         return Routing(self.groups(), self.membership(),

@@ -207,6 +207,12 @@ class FocusRouter(nn.Module):
         # the logits are kept (by the routing cache) only when online rebalancing will need them in decode steps
         return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl, qmem)
 
+    def defers(self) -> bool:
+        """Whether this router's routing of a call the window covers may wait (``RoutingCache``): hard causal
+        routing, in evaluation mode, with no global keys (a prefill of the kept inputs routes them identically)."""
+        cfg = self.cfg
+        return not self.training and cfg.routing == "causal" and cfg.top_k is not None and self.globals is None
+
     def decode(self, h: torch.Tensor, start: int, memo: dict) -> Routing | None:
         """What :meth:`forward` gives for a decode step's new tokens at inference (evaluation mode, no gradient,
         causal hard routing), without its general machinery: the per-step cost is the few tensor ops of the

@@ -58,12 +58,18 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     kpm, needs_mask = _key_padding(allowed, tk, sliding)
     # prefill (tq == tk; remembered for the decode steps unless building a graph) or a decode step appended to it
     module.focus_cache.follow_rows(key, tq)
+    softcap = kwargs.get("softcap")
     call = module.focus_cache.route(router, h, tk, key_padding_mask=kpm if tq == tk else None,
-                                    sliding_window=sliding, keep=not torch.is_grad_enabled())
+                                    sliding_window=sliding, keep=not torch.is_grad_enabled(), defer=softcap is None)
+    if call.routing is None:  # the window covers every key: Focus keeps every pair, it is the original attention
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
+                                      **kwargs)
     routing, index, cfg = call.routing, call.group_index, router.cfg
     if call.trimmed:
         cfg = dataclasses.replace(cfg, sink_tokens=0)
-    out = attend(query, key, value, routing, cfg, scale=scaling, softcap=kwargs.get("softcap"),
+    out = attend(query, key, value, routing, cfg, scale=scaling, softcap=softcap,
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
                  key_padding_mask=kpm, group_index=index)
     return out.transpose(1, 2).contiguous(), None
