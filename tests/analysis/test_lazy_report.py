@@ -39,7 +39,8 @@ def test_pretrained_target_is_computed():
     point = _point
     probe = {"command": "c", "model": "m", "ppl_windows": 1, "stat_windows": 1, "corpora": {"domain": "d"},
              "points": [point("original", 0, 10.0, 0.3), point("tau=1", 1, 10.1, 0.015)]}
-    assert "met by tau=1 at 512" in render_lazy_pretrained(probe)
+    md = render_lazy_pretrained(probe)
+    assert "met by tau=1 at 512" in md and "would not pay on this model" in md  # the probe's tiles are all 0
     probe["points"][1] = point("tau=1", 1, 12.0, 0.3)
     assert "met by no point" in render_lazy_pretrained(probe)
 

@@ -180,6 +180,7 @@ def render_lazy_pretrained(probe: dict, trained: dict | None = None, retrofits: 
                   f"The sink bar alone: {', '.join(sink_only)}." if sink_only else
                   "No point reaches even the sink bar: a threshold tau / n removes the many small weights, never "
                   "the large weight on the first token, so the first token's share of what survives does not fall."))]
+    lines += ["", _zero_tiles_verdict(points, orig, splits)]
     for name, s in (retrofits or {}).items():
         t = [x for layer in s["lazy"]["tau"] for x in layer]
         e = s["config"]["lazy"]
@@ -188,6 +189,29 @@ def render_lazy_pretrained(probe: dict, trained: dict | None = None, retrofits: 
                   + ", ".join(f"{k} {s['perplexity']['before'][k]:.2f} -> {v['lazy']:.2f}"
                               for k, v in s["perplexity"]["after"].items())]
     return "\n".join(lines)
+
+
+# A block-skipping kernel pays only when whole tiles are zero often enough to outweigh its bookkeeping (a tile map
+# per head and row block, and the rows' dense remainder): below this share of causal tiles it is not worth building.
+TILE_SKIP_WORTH = 0.25
+
+
+def _zero_tiles_verdict(points, orig, splits) -> str:
+    """Issue 25 item 3, from the measured tiles: the most a block-skipping Elastic-Softmax kernel could skip, over
+    every point and over the points within the perplexity target."""
+    rows = [(p["point"], r) for p in points if p["point"] != "original" for r in p["rows"]]
+    if not rows:
+        return ""
+    share = lambda r: r["attention"]["mean"]["zero_tiles"]  # noqa: E731
+    name, best = max(rows, key=lambda x: share(x[1]))
+    ok = [(n, r) for n, r in rows if all(r[f"ppl_{s}"] / orig[r["T"]][f"ppl_{s}"] - 1 <= PPL_TARGET for s in splits)]
+    kept = max((share(r) for _, r in ok), default=0.0)
+    pays = kept >= TILE_SKIP_WORTH
+    return (f"What the zeros buy: at most {100 * share(best):.1f}% of the causal 64 x 64 tiles are entirely zero "
+            f"({name} at T = {best['T']}), {100 * kept:.1f}% at the points within +{100 * PPL_TARGET:g}% perplexity. "
+            f"A block-skipping Elastic-Softmax kernel skips at most that share of the attention work, so it "
+            + ("would pay here (not built yet)." if pays else
+               f"would not pay on this model (below {100 * TILE_SKIP_WORTH:g}% of tiles); it was not built."))
 
 
 def render_lab_sink(cj: dict, results_dir=None) -> str:
