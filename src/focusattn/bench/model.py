@@ -4,7 +4,8 @@ real text, with the routing the adapter really learned.
 Per length T, in one process and alternating the variants (``original``, then ``top1``, ``top2`` ...) each repeat:
 
 * **prefill** as ``generate`` does it: the whole prompt with a KV cache, logits of the last token only;
-* **decode**: mean latency of one new token at that context (KV cache, ``decode_tokens`` greedy steps);
+* **decode**: median latency of one new token at that context (KV cache, ``decode_tokens`` greedy steps), each
+  Focus variant's steps interleaved with the original's from the same prompt, and its ratio taken to those;
 * **attention share**: seconds spent inside the registered attention function over the prefill's total, and the
   same for a decode step (``1 / (1 - share)`` bounds what any faster attention can win there);
 * **peak memory** of the first prefill (rise of peak RSS, see ``bench.kernels``);
@@ -62,34 +63,83 @@ def _install_clock(model, name: str, fn) -> _AttentionClock:
     return clock
 
 
+class _Decoder:
+    """One variant's greedy decoding from a prefill, a step at a time, so the compared variants' steps can be
+    interleaved (a slow moment of a shared machine then hits both sides of a ratio, not one variant's block)."""
+
+    def __init__(self, model, x, clock: _AttentionClock, probe=None):
+        self.model, self.clock = model, clock
+        clock.seconds = 0.0
+        before = dict(PICKS)
+        t0, c0 = time.perf_counter(), time.process_time()
+        if probe is not None:
+            out, self.peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
+        else:
+            out, self.peak = model(x, use_cache=True, logits_to_keep=1), None
+        self.prefill, self.prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
+        self.attention = clock.seconds
+        self.prefill_picks, self.picks = _picked(before), {}
+        self.cache, self.tok = output_cache(out), out.logits[:, -1:].argmax(-1)
+        self.steps, self.cpu_steps, self.attn_steps = [], [], []
+
+    def step(self) -> None:
+        self.clock.seconds = 0.0
+        before = dict(PICKS)
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = self.model(self.tok, use_cache=True, **cache_kwargs(self.model, self.cache))
+        self.steps.append(time.perf_counter() - t0)
+        self.cpu_steps.append(time.process_time() - c0)
+        self.attn_steps.append(self.clock.seconds)
+        self.cache, self.tok = output_cache(out), out.logits[:, -1:].argmax(-1)
+        for k, n in _picked(before).items():  # this model's branches only (the other's steps run in between)
+            self.picks[k] = self.picks.get(k, 0) + n
+
+    def record(self) -> dict:
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        # process CPU time beside wall time: unaffected by other jobs on a shared machine (with one thread it is the
+        # time the work took; with several it is their sum)
+        return {"prefill_s": self.prefill, "attention_s": self.attention, "decode_s": med(self.steps),
+                "decode_attention_s": med(self.attn_steps), "peak_bytes": self.peak,
+                "prefill_cpu_s": self.prefill_cpu, "decode_cpu_s": med(self.cpu_steps),
+                "prefill_branches": self.prefill_picks, "decode_branches": dict(self.picks)}
+
+
 @torch.no_grad()
 def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=None):
-    clock.seconds = 0.0
-    before = dict(PICKS)
-    t0, c0 = time.perf_counter(), time.process_time()
-    if probe is not None:
-        out, peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
-    else:
-        out, peak = model(x, use_cache=True, logits_to_keep=1), None
-    prefill, prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
-    attn = clock.seconds
-    prefill_picks, before = _picked(before), dict(PICKS)
-    cache, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
-    steps, attn_steps, cpu_steps = [], [], []
+    d = _Decoder(model, x, clock, probe)
     for _ in range(decode_tokens):
-        clock.seconds = 0.0
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = model(tok, use_cache=True, **cache_kwargs(model, cache))
-        steps.append(time.perf_counter() - t0)
-        cpu_steps.append(time.process_time() - c0)
-        attn_steps.append(clock.seconds)
-        cache, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
-    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-    # process CPU time beside wall time: unaffected by other jobs on a shared machine (with one thread it is the
-    # time the work took; with several it is their sum)
-    return {"prefill_s": prefill, "attention_s": attn, "decode_s": med(steps), "decode_attention_s": med(attn_steps),
-            "peak_bytes": peak, "prefill_cpu_s": prefill_cpu, "decode_cpu_s": med(cpu_steps),
-            "prefill_branches": prefill_picks, "decode_branches": _picked(before)}
+        d.step()
+    return d.record()
+
+
+@torch.no_grad()
+def _interleaved(base, x, decode_tokens: int, base_clock, variants, probe=None) -> dict:
+    """One repeat: the original's prefill, then per Focus variant its prefill and its decode steps alternated
+    step by step with the original's (each variant against its own copy of the original's cache after the prompt,
+    so both decode at the same contexts). Returns ``{name: record}``; the original's decode record pools its steps
+    and ``decode_pairs`` keeps, per variant, the original's steps that ran beside it."""
+    import copy
+
+    from ..hf import set_top_k
+
+    ref = _Decoder(base, x, base_clock, probe)
+    start = (ref.cache, ref.tok)
+    out, pairs, pooled = {}, {}, []
+    for name, m, clock, k in variants:
+        set_top_k(m, k)
+        var = _Decoder(m, x, clock, probe)
+        ref.cache, ref.tok = copy.deepcopy(start[0]), start[1]
+        ref.steps, ref.cpu_steps, ref.attn_steps = [], [], []
+        for _ in range(decode_tokens):
+            ref.step()
+            var.step()
+        pairs[name] = ref.record()
+        pooled.append((list(ref.steps), list(ref.cpu_steps), list(ref.attn_steps)))
+        out[name] = var.record()
+    ref.steps, ref.cpu_steps, ref.attn_steps = (sum((p[i] for p in pooled), []) for i in range(3))
+    out["original"] = ref.record()
+    out["original"]["decode_pairs"] = pairs
+    return out
 
 
 def _picked(before: dict) -> dict:
@@ -167,10 +217,9 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         routing, kernel = {}, {}
         bar = tqdm(range(1 if only else repeats), desc=f"bench-model T={t}", disable=not progress)
         for rep in bar:
+            recs = _interleaved(base, x, decode_tokens, base_clock, variants[1:], probe if rep == 0 else None)
             for name, m, clock, k in variants:
-                if k is not None:
-                    set_top_k(m, k)
-                runs[name].append(_prefill_decode(m, x, decode_tokens, clock, probe if rep == 0 else None))
+                runs[name].append(recs[name])
                 if rep == 0 and k is not None and not only:
                     set_top_k(m, k)  # a fresh prefill leaves the learned routing of exactly T tokens
                     with torch.no_grad():
@@ -181,10 +230,13 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         for name, *_ in variants:
             row = {"T": t, "variant": name, **_summarise(runs[name]), **({"decode_only": True} if only else {})}
             row["prefill_speedup"] = base_row["prefill_s"] / row["prefill_s"]
-            row["decode_speedup"] = (base_row["decode_s"] / row["decode_s"]) if row["decode_s"] else None
+            beside = base_row  # the original's steps that ran interleaved with this variant's
+            if name != "original":
+                beside = _summarise([r["decode_pairs"][name] for r in runs["original"]])
+            row["decode_speedup"] = (beside["decode_s"] / row["decode_s"]) if row["decode_s"] else None
             row["attention_speedup"] = base_row["attention_s"] / row["attention_s"] if row["attention_s"] else None
             row["prefill_cpu_speedup"] = base_row["prefill_cpu_s"] / row["prefill_cpu_s"]
-            row["decode_cpu_speedup"] = (base_row["decode_cpu_s"] / row["decode_cpu_s"]) if row["decode_cpu_s"] else None
+            row["decode_cpu_speedup"] = (beside["decode_cpu_s"] / row["decode_cpu_s"]) if row["decode_cpu_s"] else None
             if name in routing:
                 row["routing"] = routing[name]
                 row["kernel"] = kernel[name]
