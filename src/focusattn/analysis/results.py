@@ -337,7 +337,9 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
         br = lambda v: ", ".join(f"{k} {n}" for k, n in sorted((v or {}).items())) or "—"  # noqa: E731
         parts += [f"Command: `{b['command']}`; {b['threads']} thread(s), median of {b['repeats']} alternating "
                   f"repeats (decode-only rows: one prefill per variant), decode = median of {b['decode_tokens']} "
-                  "steps. × = original's time / this variant's (wall; CPU = process CPU time). Branches: calls of "
+                  + ("steps (each variant's steps interleaved with the original's from the same prompt, its decode × "
+                     "taken to those). " if b.get("decode_interleaved") else "steps. ") +
+                  "× = original's time / this variant's (wall; CPU = process CPU time). Branches: calls of "
                   "each `auto` branch in the first repeat (30 layers per forward).", "",
                   "| T | variant | prefill s | prefill × | prefill CPU × | decode ms | decode × | decode CPU × | "
                   "prefill branches | decode branches |", "|---|---|---|---|---|---|---|---|---|---|"]

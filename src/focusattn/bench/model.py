@@ -243,6 +243,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
             results.append(row)
     doc = {"schema": SCHEMA, "command": command, "model": model, "adapter": str(adapter), "data": data,
            "focus_config": focus_config(focus).to_dict(), "repeats": repeats, "decode_tokens": decode_tokens,
+           "decode_interleaved": True,
            "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
            "processor": platform.processor() or platform.machine(), "results": results}
     out = Path(out_dir)
