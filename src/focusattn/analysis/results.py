@@ -340,7 +340,8 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
                   + ("steps (each variant's steps interleaved with the original's from the same prompt, its decode × "
                      "taken to those). " if b.get("decode_interleaved") else "steps. ") +
                   "× = original's time / this variant's (wall; CPU = process CPU time). Branches: calls of "
-                  "each `auto` branch in the first repeat (30 layers per forward).", "",
+                  "each `auto` branch in the first repeat (30 layers per forward); none where the window covers the "
+                  "call (routing deferred, the model's own attention ran).", "",
                   "| T | variant | prefill s | prefill × | prefill CPU × | decode ms | decode × | decode CPU × | "
                   "prefill branches | decode branches |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in b["results"]:
@@ -418,12 +419,13 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
         parts += [f"Command: `{e['command']}`. The same model, adapter and routing with `backend=\"auto\"` and with "
                   "`backend=\"decomposed\"` (the sparse engines alone): largest difference of any log-probability "
                   "over the sequence (prefill) or over the greedy decode steps after the prompt, and the branches "
-                  "`auto` took.", "",
+                  "`auto` took (none: the window covers the call, so both ran the model's own attention with the "
+                  "routing deferred).", "",
                   "| kind | top-k | T | max abs log-prob diff | argmax agreement / same tokens | auto branches |",
                   "|---|---|---|---|---|---|"]
         for r in e["rows"]:
             agree = f"{r['argmax_agreement']:.3f}" if r["kind"] == "prefill" else str(r["same_tokens"])
-            brs = ", ".join(f"{k} {n}" for k, n in sorted(r["auto_branches"].items()))
+            brs = ", ".join(f"{k} {n}" for k, n in sorted(r["auto_branches"].items())) or "none (deferred)"
             parts.append(f"| {r['kind']} | {r['top_k']} | {r['T']} | {r['max_abs_logprob_diff']:.2e} | {agree} | "
                          f"{brs} |")
         parts.append("")
