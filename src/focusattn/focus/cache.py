@@ -55,9 +55,10 @@ class _Rows:
 
 @dataclass
 class CallRouting:
-    """What one attention call needs: ``routing`` (None: deferred, see the module docstring) covers all ``Tk`` keys (hard decode: the new tokens' groups and
-    every key's membership); ``group_index`` over the keys (hard decode steps only); ``trimmed``: the host's KV
-    cache kept only its last keys (sliding-window layers), so ``routing`` was cut to them and no sink applies."""
+    """What one attention call needs: ``routing`` covers all ``Tk`` keys (hard decode: the new tokens' groups and
+    every key's membership; None: deferred, see the module docstring); ``group_index`` over the keys (hard decode
+    steps only); ``trimmed``: the host's KV cache kept only its last keys (sliding-window layers), so ``routing``
+    was cut to them and no sink applies."""
 
     routing: Routing | None  # None: deferred (the window covers the call: it is the original attention)
     group_index: GroupIndex | None = None

@@ -208,8 +208,9 @@ class FocusRouter(nn.Module):
         return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl, qmem)
 
     def defers(self) -> bool:
-        """Whether this router's routing of a call the window covers may wait (``RoutingCache``): hard causal
-        routing, in evaluation mode, with no global keys (a prefill of the kept inputs routes them identically)."""
+        """Hard causal routing in evaluation mode with no global keys: the routing of a token then depends on its
+        own layer input (and earlier tokens' scores) only, so it may wait (``RoutingCache`` defers calls the window
+        covers) and a decode step may take :meth:`decode`."""
         cfg = self.cfg
         return not self.training and cfg.routing == "causal" and cfg.top_k is not None and self.globals is None
 
@@ -219,7 +220,7 @@ class FocusRouter(nn.Module):
         routing itself, not the Python around them. None where a step needs more: the first step of a new online
         rebalancing interval (Sinkhorn over the earlier tokens), global keys, sequence or random routing."""
         cfg = self.cfg
-        if self.training or cfg.routing != "causal" or cfg.top_k is None or self.globals is not None:
+        if not self.defers():
             return None
         b = self.offsets
         if cfg.rebalance:
