@@ -14,7 +14,9 @@ class PeakRSS:
     Known side effect: ``__init__`` fixes glibc's mmap threshold for the whole process, so every later allocation
     above 128 KiB is an mmap with page faults; timings taken in the same process are biased against code with many
     medium temporaries (measured: a Focus prefill at 256 tokens 0.885x the original with it, 0.95-1.01x without).
-    Timed runs should keep the default allocator (peak memory from a separate pass)."""
+    Timed runs should keep the default allocator: ``bench-model`` takes its peaks in a last pass after every timing.
+    The kernel bench (``bench.prefill``) still measures in its first timed repeat, every function under the same
+    pinned threshold."""
 
     def __init__(self):
         self.ok = sys.platform.startswith("linux") and os.path.exists("/proc/self/clear_refs")

@@ -8,7 +8,7 @@ Per length T, in one process and alternating the variants (``original``, then ``
   Focus variant's steps interleaved with the original's from the same prompt, and its ratio taken to those;
 * **attention share**: seconds spent inside the registered attention function over the prefill's total, and the
   same for a decode step (``1 / (1 - share)`` bounds what any faster attention can win there);
-* **peak memory** of the first prefill (rise of peak RSS, see ``bench.kernels``);
+* **peak memory** of a prefill (rise of peak RSS, see ``bench.memory``), in a last pass after every timing;
 * **routing**: per layer, the largest group's share of tokens and the group-part cost ``sum_g n_g(n_g+1)/2`` over the
   balanced value, and the cost-model ratio ``T(T+1)/2 / (sum_g n_g(n_g+1)/2 + T*w)`` of the learned routing;
 * **kernel at real vs random routing**: the attention kernel alone on the model's shapes, once with every layer's
@@ -67,15 +67,12 @@ class _Decoder:
     """One variant's greedy decoding from a prefill, a step at a time, so the compared variants' steps can be
     interleaved (a slow moment of a shared machine then hits both sides of a ratio, not one variant's block)."""
 
-    def __init__(self, model, x, clock: _AttentionClock, probe=None):
+    def __init__(self, model, x, clock: _AttentionClock):
         self.model, self.clock = model, clock
         clock.seconds = 0.0
         before = dict(PICKS)
         t0, c0 = time.perf_counter(), time.process_time()
-        if probe is not None:
-            out, self.peak = probe.measure(lambda: model(x, use_cache=True, logits_to_keep=1))
-        else:
-            out, self.peak = model(x, use_cache=True, logits_to_keep=1), None
+        out = model(x, use_cache=True, logits_to_keep=1)
         self.prefill, self.prefill_cpu = time.perf_counter() - t0, time.process_time() - c0
         self.attention = clock.seconds
         self.prefill_picks, self.picks = _picked(before), {}
@@ -99,21 +96,21 @@ class _Decoder:
         # process CPU time beside wall time: unaffected by other jobs on a shared machine (with one thread it is the
         # time the work took; with several it is their sum)
         return {"prefill_s": self.prefill, "attention_s": self.attention, "decode_s": med(self.steps),
-                "decode_attention_s": med(self.attn_steps), "peak_bytes": self.peak,
+                "decode_attention_s": med(self.attn_steps), "peak_bytes": None,
                 "prefill_cpu_s": self.prefill_cpu, "decode_cpu_s": med(self.cpu_steps),
                 "prefill_branches": self.prefill_picks, "decode_branches": dict(self.picks)}
 
 
 @torch.no_grad()
-def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock, probe=None):
-    d = _Decoder(model, x, clock, probe)
+def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock):
+    d = _Decoder(model, x, clock)
     for _ in range(decode_tokens):
         d.step()
     return d.record()
 
 
 @torch.no_grad()
-def _interleaved(base, x, decode_tokens: int, base_clock, variants, probe=None) -> dict:
+def _interleaved(base, x, decode_tokens: int, base_clock, variants) -> dict:
     """One repeat: the original's prefill, then per Focus variant its prefill and its decode steps alternated
     step by step with the original's (each variant against its own copy of the original's cache after the prompt,
     so both decode at the same contexts). Returns ``{name: record}``; the original's decode record pools its steps
@@ -122,12 +119,12 @@ def _interleaved(base, x, decode_tokens: int, base_clock, variants, probe=None) 
 
     from ..hf import set_top_k
 
-    ref = _Decoder(base, x, base_clock, probe)
+    ref = _Decoder(base, x, base_clock)
     start = (ref.cache, ref.tok)
     out, pairs, pooled = {}, {}, []
     for name, m, clock, k in variants:
         set_top_k(m, k)
-        var = _Decoder(m, x, clock, probe)
+        var = _Decoder(m, x, clock)
         ref.cache, ref.tok = copy.deepcopy(start[0]), start[1]
         ref.steps, ref.cpu_steps, ref.attn_steps = [], [], []
         for _ in range(decode_tokens):
@@ -175,7 +172,8 @@ def _kernel_real_vs_random(model, t: int, repeats: int, seed: int = 0) -> dict:
 
 def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths=(2048, 4096, 8192), top_ks=(1, 2),
                     data: str = "shakespeare", repeats: int = 2, decode_tokens: int = 8, kernel_repeats: int = 1,
-                    threads: int | None = None, rebalance: int | None = None, command: str | None = None,
+                    threads: int | None = None, rebalance: int | None = None,
+                    rebalance_warm: bool | None = None, command: str | None = None,
                     progress: bool = True, decode_lengths=()) -> dict:
     """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing.
 
@@ -192,7 +190,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
 
     decode_only = sorted(set(int(t) for t in decode_lengths) - set(int(t) for t in lengths))
     pair = load_pair(model, adapter, lengths=[*lengths, *decode_only], top_ks=top_ks, threads=threads,
-                     rebalance=rebalance)
+                     rebalance=rebalance, rebalance_warm=rebalance_warm)
     base, focus, tok = pair.base, pair.focus, pair.tokenizer
     lengths = sorted(set(int(t) for t in lengths))
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)
@@ -202,7 +200,6 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
 
     base_clock = _install_clock(base, "sdpa-timed", sdpa_attention_forward)
     focus_clock = _install_clock(focus, "focus-timed", focus_attention_forward)
-    probe = PeakRSS()
     variants = [("original", base, base_clock, None)] + [(f"top{k}", focus, focus_clock, int(k)) for k in top_ks]
     results = []
     warm = torch.as_tensor(val[:min(lengths[0], 256)][None].astype("int64"))
@@ -217,7 +214,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         routing, kernel = {}, {}
         bar = tqdm(range(1 if only else repeats), desc=f"bench-model T={t}", disable=not progress)
         for rep in bar:
-            recs = _interleaved(base, x, decode_tokens, base_clock, variants[1:], probe if rep == 0 else None)
+            recs = _interleaved(base, x, decode_tokens, base_clock, variants[1:])
             for name, m, clock, k in variants:
                 runs[name].append(recs[name])
                 if rep == 0 and k is not None and not only:
@@ -241,6 +238,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
                 row["routing"] = routing[name]
                 row["kernel"] = kernel[name]
             results.append(row)
+    _peak_pass(results, variants, val, progress)
     doc = {"schema": SCHEMA, "command": command, "model": model, "adapter": str(adapter), "data": data,
            "focus_config": focus_config(focus).to_dict(), "repeats": repeats, "decode_tokens": decode_tokens,
            "decode_interleaved": True,
@@ -251,6 +249,25 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
     write_json(out / "model_bench.json", doc)
     plot_model_bench(doc, out / "model_bench.png")
     return doc
+
+
+@torch.no_grad()
+def _peak_pass(results: list[dict], variants, val, progress: bool) -> None:
+    """Fill each row's ``peak_bytes`` from one more prefill per variant and length, *after* every timing: the probe
+    pins glibc's mmap threshold for the rest of the process (see :class:`.memory.PeakRSS`), which would bias any
+    timing taken after it against the code with more medium-sized temporaries."""
+    from tqdm.auto import tqdm
+
+    from ..hf import set_top_k
+
+    probe = PeakRSS()
+    by_name = {name: (m, k) for name, m, _, k in variants}
+    for row in tqdm(results, desc="bench-model peak memory", disable=not progress):
+        m, k = by_name[row["variant"]]
+        if k is not None:
+            set_top_k(m, k)
+        x = torch.as_tensor(val[:row["T"]][None].astype("int64"))
+        _, row["peak_bytes"] = probe.measure(lambda: m(x, use_cache=True, logits_to_keep=1))
 
 
 def _summarise(runs: list[dict]) -> dict:
