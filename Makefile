@@ -272,4 +272,9 @@ routing: $(STAMP) python-docs
 	cp $(ROUTE)/le_shipped/long_eval.json docs/results/long_eval_k8_recall.json
 	cp $(ROUTE)/bm_g2/model_bench.json docs/results/model_bench_attention_g2.json
 	cp $(ROUTE)/bm_g2/model_bench.png docs/results/model_bench_attention_g2.png
+	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2/adapter --rebalance-warm $(LE_FLAGS) \
+		--variants original,top1,sliding@top1,oracle@top1 --out $(ROUTE)/le_g2w
+	cp $(ROUTE)/le_g2w/long_eval.json docs/results/long_eval_attention_g2_warm.json
+	$(PY) scripts/warm_rebalance_probe.py --adapters $(ROUTE)/g2/adapter smollm2-135m-focus-k8 \
+		--corpora shakespeare lee-news python-code --length 4096 --out docs/results/warm_rebalance_probe.json
 	$(MAKE) results

@@ -126,3 +126,55 @@ def test_rebalance_needs_causal_routing_and_an_int():
         fa.FocusConfig(routing="sequence", rebalance=64)
     with pytest.raises(ValueError, match="rebalance"):
         fa.FocusConfig(rebalance=-1)
+    with pytest.raises(ValueError, match="rebalance_warm.*set rebalance"):
+        fa.FocusConfig(rebalance_warm=True)
+    with pytest.raises(ValueError, match="rebalance_warm"):
+        fa.FocusConfig(rebalance=8, rebalance_warm=1)
+
+
+def _sharp_logits(t: int = 2048, k: int = 8) -> torch.Tensor:
+    """Low-rank logits with a large scale, like a trained router's ``(W_g h) C^T / tau``: nearly hard assignments."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(t, 4, generator=g) @ (torch.randn(4, k, generator=g) * 60))[None]
+
+
+def _group_cost(logits, offsets, lo: int) -> float:
+    """Group-part cost of the hard top-1 assignment of tokens ``lo..`` over the balanced one (1 = balanced)."""
+    top = (logits + offsets).argmax(-1)[0, lo:]
+    c = torch.bincount(top, minlength=logits.shape[-1]).double()
+    return float((c ** 2).sum() / (top.numel() ** 2 / logits.shape[-1]))
+
+
+def test_warm_rebalancing_balances_nearly_hard_assignments_where_cold_starts_do_not():
+    """The reason for ``rebalance_warm``: at the same Sinkhorn iterations per re-estimate, starting from zero leaves
+    a sharp router far from balanced, a chain of warm starts reaches it."""
+    from focusattn.focus.router import online_offsets
+
+    x, base = _sharp_logits(), torch.zeros(1, 8)
+    cold = online_offsets(x, base, 64, 10)
+    warm = online_offsets(x, base, 64, 10, warm=True)
+    assert _group_cost(x, cold, 1024) > 2.0
+    assert _group_cost(x, warm, 1024) < 1.2
+    torch.testing.assert_close(warm[:, :64], base[:, None].expand(1, 64, 8))  # before the first boundary
+
+
+def test_warm_rebalancing_is_a_causal_chain_and_steps_equal_the_prefill():
+    """Boundary c starts from boundary c-1's potentials (nothing else); decode steps with an empty memo rebuild the
+    chain from the earlier tokens and give the prefill's offsets, and later tokens change nothing before them."""
+    from focusattn.focus.router import online_offsets
+    from focusattn.focus.sinkhorn import sinkhorn_potentials
+
+    x, base, every = _sharp_logits(640), torch.zeros(1, 8), 64
+    whole = online_offsets(x, base, every, 4, warm=True)
+    pot = None
+    for c in range(1, 10):
+        pot = sinkhorn_potentials(x[:, :c * every], 4, init=pot)
+        torch.testing.assert_close(whole[:, c * every], pot)
+    for start in (64, 300, 639):  # a step at a boundary, inside an interval, the last token; no memo given
+        step = online_offsets(x[:, start:start + 1], base, every, 4, start=start, past=x[:, :start], warm=True)
+        torch.testing.assert_close(step, whole[:, start:start + 1])
+    y = x.clone()
+    y[:, 400:] = -y[:, 400:]
+    changed = online_offsets(y, base, every, 4, warm=True)
+    torch.testing.assert_close(changed[:, :448], whole[:, :448])  # 448: the first boundary after position 400
+    assert not torch.allclose(changed[:, 448:], whole[:, 448:])

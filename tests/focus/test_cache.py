@@ -8,15 +8,17 @@ from focusattn.hf.kv import cache_kwargs, output_cache
 from tests.conftest import V, tiny_model
 
 
-@pytest.mark.parametrize("top_k,rebalance", [(None, 0), (1, 0), (None, 8), (2, 7)])
-def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance, monkeypatch):
+@pytest.mark.parametrize("top_k,rebalance,warm", [(None, 0, False), (1, 0, False), (None, 8, False), (2, 7, False),
+                                                 (1, 7, True)])
+def test_prefill_plus_decode_steps_equal_one_prefill(top_k, rebalance, warm, monkeypatch):
     """A prefill and decode steps route like one prefill, however each step routes: hard steps take
     ``FocusRouter.decode`` (the lean step) except the first step of a rebalancing interval (``forward``)."""
     lean = []
     real = fa.FocusRouter.decode
     monkeypatch.setattr(fa.FocusRouter, "decode", lambda self, *a: lean.append(real(self, *a)) or lean[-1])
     m = tiny_model("llama")
-    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, rebalance=rebalance)).eval()
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=top_k, rebalance=rebalance,
+                                 rebalance_warm=warm)).eval()
     x = torch.randint(1, V, (2, 40))
     with torch.no_grad():
         m(x)
@@ -52,10 +54,11 @@ def test_training_forwards_are_not_kept_and_config_changes_reset():
     assert last_routing(m) == [None, None]
 
 
-def test_rebalanced_decode_after_padded_prefill_matches_its_prefill():
+@pytest.mark.parametrize("warm", [False, True])
+def test_rebalanced_decode_after_padded_prefill_matches_its_prefill(warm):
     """Left padding stays out of the online potentials in the prefill and in every decode step after it."""
     m = tiny_model("llama")
-    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, rebalance=6)).eval()
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, rebalance=6, rebalance_warm=warm)).eval()
     x = torch.randint(1, V, (2, 30))
     mask = torch.ones(2, 30, dtype=torch.long)
     mask[0, :5] = 0

@@ -16,12 +16,15 @@ from .._io import pyplot
 def _adapter_name(doc: dict) -> str:
     """One name per adapter configuration: a shipped adapter by its name, a run's adapter by its folder as recorded
     (``runs/e2e/k16``: a retrofit run's ``RUN/adapter`` by the run folder; an absolute path by the folder's name), and
-    ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``)."""
+    ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``), and
+    ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
     name = p.name if p.is_absolute() else p.as_posix()
-    rb = (doc.get("focus_config") or {}).get("rebalance") or 0
-    return f"{name} +rebalance {rb}" if rb and "--rebalance" in (doc.get("command") or "") else name
+    cfg, cmd = doc.get("focus_config") or {}, (doc.get("command") or "").split()
+    rb = cfg.get("rebalance") or 0
+    name = f"{name} +rebalance {rb}" if rb and "--rebalance" in cmd else name
+    return f"{name} +warm" if cfg.get("rebalance_warm") and "--rebalance-warm" in cmd else name
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:

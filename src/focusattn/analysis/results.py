@@ -92,6 +92,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if (d / "rebalance_probe.json").exists():
         parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
             _load(d / "rebalance_probe.json")), ""]
+    if (d / "warm_rebalance_probe.json").exists():
+        parts += ["### Warm-started online rebalancing (`FocusConfig.rebalance_warm`)\n", warm_rebalance_markdown(
+            _load(d / "warm_rebalance_probe.json")), ""]
     for bp, b in zip(bench_paths, bench_docs):  # each JSON's plot sits beside it under the same name
         png = bp.with_suffix(".png")
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
@@ -313,6 +316,29 @@ def rebalance_markdown(doc: dict) -> str:
             delta = lambda k: f"{100 * by_k[k]['delta']:+.1f}%" if k in by_k else "—"  # noqa: E731
             lines.append(f"| {data} | {n or 'off'} | {delta(1)} | {delta(2)} | "
                          f"{max(r['max_top1_share'] for r in by_k.values()):.2f} |")
+    return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
+
+
+def warm_rebalance_markdown(doc: dict) -> str:
+    """Group balance of cold- and warm-started online rebalancing per adapter and corpus (top-1)."""
+    rows = doc["results"]
+    lines = [f"Top-1 routing, online rebalancing every {doc['rebalance']} tokens, {doc['sinkhorn_iters']} Sinkhorn "
+             "iterations per re-estimate, started from zero (cold, the default) or from the previous re-estimate "
+             "(warm, `rebalance_warm`). Group cost: the group part's pairs over a balanced routing's (1 = balanced; "
+             "mean and max over layers); attention speed-up bound: the cost model's causal pairs over the routing's "
+             "(mean over layers).", "",
+             "| adapter | corpus | T | group cost cold (mean / max) | warm (mean / max) | largest group cold / warm | "
+             "speed-up bound cold / warm |", "|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["adapter"], r["corpus"], r["T"]) for r in rows):
+        by = {r["warm"]: r for r in rows if (r["adapter"], r["corpus"], r["T"]) == key}
+        if set(by) != {False, True}:
+            continue
+        c, w = by[False], by[True]
+        lines.append(f"| `{key[0]}` | {key[1]} | {key[2]} | {c['mean_group_cost_vs_balanced']:.2f} / "
+                     f"{c['max_group_cost_vs_balanced']:.2f} | {w['mean_group_cost_vs_balanced']:.2f} / "
+                     f"{w['max_group_cost_vs_balanced']:.2f} | {c['max_largest_share']:.2f} / "
+                     f"{w['max_largest_share']:.2f} | {c['mean_cost_model_ratio']:.2f}× / "
+                     f"{w['mean_cost_model_ratio']:.2f}× |")
     return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
 
 

@@ -1,6 +1,7 @@
 """``focusattn long-eval``: long-context quality of an adapter vs the original model and the sparse baselines."""
 from __future__ import annotations
 
+import argparse
 
 from .._cli_common import HelpFormatter
 
@@ -36,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--rebalance", type=int, default=None,
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
+    p.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
+                   help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
     p.add_argument("--out", required=True, help="folder for long_eval.json")
     p.set_defaults(func=_run)
 
@@ -66,7 +69,7 @@ def _run(a) -> int:
                         soft=not a.no_soft, baselines=baselines, data=a.data,
                         ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
                         ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth, repeat_n=a.repeat_n,
-                        variants=variants, threads=a.threads, rebalance=a.rebalance,
+                        variants=variants, threads=a.threads, rebalance=a.rebalance, rebalance_warm=a.rebalance_warm,
                         recall_windows=a.recall_windows, command=getattr(a, "command_line", None))
     print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
     return 0

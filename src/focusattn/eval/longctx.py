@@ -86,7 +86,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
-                  rebalance: int | None = None, recall_windows: int = 0, command: str | None = None,
+                  rebalance: int | None = None, rebalance_warm: bool | None = None, recall_windows: int = 0, command: str | None = None,
                   progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
@@ -108,7 +108,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         unknown = [v for v in variants if v not in known]
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}: allowed {known}")
-    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance)
+    pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance,
+                     rebalance_warm=rebalance_warm)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
@@ -118,8 +119,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
 
     others = {}
     if "random" in baselines:
-        others["random"] = compose(load_model(model)[0], dataclasses.replace(cfg, routing="random", rebalance=0,
-                                                                             global_rate=0.0))
+        others["random"] = compose(load_model(model)[0], dataclasses.replace(
+            cfg, routing="random", rebalance=0, rebalance_warm=False, global_rate=0.0))
     if "untrained" in baselines:  # groups only: an untrained global-key scorer has no threshold to serve
         torch.manual_seed(0)
         others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None, global_rate=0.0))

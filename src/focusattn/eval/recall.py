@@ -27,8 +27,11 @@ from ..kernels import recall as R
 def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -> R.KeepFn:
     """The distant pairs ``router`` serves at hard top-``k`` on layer input ``h`` (whatever top-k its config
     serves): a shared group, or a global key. ``key_top_k``: query and key roles (query top-``k``, key
-    top-``key_top_k``: the query's groups meet the key's)."""
+    top-``key_top_k``: the query's groups meet the key's). A router with its own query projection
+    (``cfg.query_proj``) serves its queries' top-1 only, so ``k`` must be 1."""
     old = router.cfg
+    if old.query_proj and k != 1:
+        raise ValueError(f"top_k={k}: a router with query_proj=True serves query top-1 only; allowed top_k=1")
     router.cfg = dataclasses.replace(old, top_k=k, key_top_k=key_top_k)
     try:
         routing = router(h)
@@ -53,6 +56,9 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
     from ..hf.probe import capture
 
     cfg = focus_config(focus)
+    if cfg.query_proj and set(top_ks) - {1}:  # before any forward
+        raise ValueError(f"top_ks={tuple(top_ks)}: a router with query_proj=True serves query top-1 only; allowed "
+                         "top_ks=(1,)")
     own = routers(focus)
     other = {n: routers(m) for n, m in (others or {}).items()}
     totals: list[dict | None] = [None] * len(own)

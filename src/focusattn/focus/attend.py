@@ -45,10 +45,11 @@ def attend(
             allowed = key_padding_mask[:, None, None, :]
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         return soft_focus_attention(q, k, v, routing.groups, cfg.window, lam=cfg.lam, offset=cfg.gate_offset,
-                                    gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks)
+                                    gate=cfg.gate, scale=scale, softcap=softcap, allowed=allowed, sink_keys=sinks,
+                                    query_groups=routing.query_groups)
     if cfg.roles and routing.query_membership is None:  # never serve a roles adapter's keys symmetrically
-        raise ValueError(f"FocusConfig.key_top_k={cfg.key_top_k} (query and key roles) but the routing has no "
-                         "query membership")
+        raise ValueError(f"FocusConfig.key_top_k={cfg.key_top_k}, query_proj={cfg.query_proj} (query and key roles) "
+                         "but the routing has no query membership")
     return focus_attention(q, k, v, routing.membership, cfg.window, sink=sink, scale=scale,  # hard
                            softcap=softcap, key_padding_mask=key_padding_mask, allowed=allowed, backend=cfg.backend,
                            group_index=group_index, query_membership=routing.query_membership)

@@ -91,6 +91,7 @@ class RoutingCache:
         self._index: GroupIndex | None = None
         self._prefill_membership: torch.Tensor | None = None
         self._scores: _Rows | None = None  # router logits, kept for online rebalancing (cfg.rebalance)
+        self._qscores: _Rows | None = None  # the queries' logits, the same for cfg.query_proj
         self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
         self._memo: dict = {}  # rebalancing boundary -> potentials
         self._global: _Rows | None = None  # global keys [B, T, 1] (cfg.global_rate > 0)
@@ -154,7 +155,8 @@ class RoutingCache:
             if self._scores is None or len(self._scores) != start:
                 raise RuntimeError("online rebalancing needs the router scores of every cached token: start "
                                    "generation with a full prefill after setting rebalance")
-            past = (self._scores.view(), None if self._valid is None else self._valid.view()[..., 0])
+            past = (self._scores.view(), None if self._valid is None else self._valid.view()[..., 0],
+                    None if self._qscores is None else self._qscores.view())
         return self.step(router(h, start=start, past=past, memo=self._memo), tk,
                          sliding_window=sliding_window)
 
@@ -185,6 +187,7 @@ class RoutingCache:
             self._index = None  # built from _prefill_membership by the first decode step (a prefill-only
             self._prefill_membership = routing.membership  # workload, e.g. evaluation, never pays for it)
             self._scores = None if routing.scores is None else _Rows(routing.scores)
+            self._qscores = None if routing.query_scores is None else _Rows(routing.query_scores)
             self._valid = None if valid is None or routing.scores is None else _Rows(valid[..., None])
             self._memo = {} if memo is None else memo
             self._global = None if routing.global_keys is None else _Rows(routing.global_keys[..., None])
@@ -214,6 +217,8 @@ class RoutingCache:
         self._groups.append(routing.groups)
         if self._scores is not None and routing.scores is not None:
             self._scores.append(routing.scores)
+        if self._qscores is not None and routing.query_scores is not None:
+            self._qscores.append(routing.query_scores)
         if self._valid is not None:
             self._valid.append(torch.ones_like(routing.groups[..., :1], dtype=torch.bool))
         glob = None
@@ -229,13 +234,14 @@ class RoutingCache:
             qmem = routing.query_membership
             if self._query is not None and qmem is not None:
                 self._query.append(qmem)
-            routing = Routing(routing.groups, index.membership, global_keys=glob, query_membership=qmem)
-        else:
-            routing = Routing(self._groups.view(), None, global_keys=glob)
+            routing = Routing(routing.groups, index.membership, global_keys=glob, query_membership=qmem,
+                              query_groups=routing.query_groups)
+        else:  # soft: every key's groups, the new queries' own (cfg.query_proj)
+            routing = Routing(self._groups.view(), None, global_keys=glob, query_groups=routing.query_groups)
         if trimmed:
             return CallRouting(Routing(routing.groups[:, -tk:],
                                        None if routing.membership is None else routing.membership[:, -tk:],
-                                       query_membership=routing.query_membership),
+                                       query_membership=routing.query_membership, query_groups=routing.query_groups),
                                None, True)
         return CallRouting(routing, index)
 

@@ -28,6 +28,11 @@ class FocusConfig:
         pair is then counted in the query's one group; ``top_k=None``, the soft training gate, keeps the setting
         for when hard routing is served); e.g. ``top_k=1, key_top_k=2`` keeps about ``2/K`` of the
         distant pairs. See docs/DESIGN.md "Query and key roles".
+    query_proj: the query role gets its own projection ``W_q`` onto the same centroids (not in the paper; causal
+        routing, ``top_k`` None or 1): a token's query group is the top-1 of ``(W_q h) C^T / tau``, its key groups
+        the top ``key_top_k`` (else ``top_k``) of ``(W_g h) C^T / tau``. Why: attention is asymmetric (q . k), and a
+        retrieval lookup needs the query (token A) and the key *after* an earlier A in one group, which one shared
+        ranking cannot express. ``W_q`` starts as a copy of ``W_g``, so an untrained one serves the symmetric groups.
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
     sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the
@@ -36,6 +41,9 @@ class FocusConfig:
         tokens the per-group offsets are re-estimated by Sinkhorn over the sequence's *own earlier* tokens, so groups
         stay balanced on text unlike the training corpus while a token's group still never depends on later tokens.
         0 = the offsets learned in training only. See README "Design decisions" for the measurement.
+    rebalance_warm: each re-estimate starts from the previous one's potentials instead of zero (still causal), so
+        ``sinkhorn_iters`` steps reach balance on the nearly hard assignments of a small tau (see
+        ``router.online_offsets``). False keeps adapters saved before it serving exactly as measured.
     global_rate: the share of tokens a learned scorer makes *global keys* (not in the paper): visible to every later
         query, like the sinks, chosen by each key's own layer input (causal). Measured reason: in SmolLM2 a few
         keys hold most of the attention paid beyond the window (docs/RESULTS.md, attention recall). 0 = off.
@@ -52,10 +60,12 @@ class FocusConfig:
     routing: str = "causal"
     top_k: int | None = None
     key_top_k: int | None = None
+    query_proj: bool = False
     offset_momentum: float = 0.9
     backend: str = "auto"
     sink_tokens: int = 1
     rebalance: int = 0
+    rebalance_warm: bool = False
     global_rate: float = 0.0
 
     def __post_init__(self):
@@ -89,6 +99,14 @@ class FocusConfig:
             if self.top_k not in (None, 1):  # None: the soft gate (training), which serves no hard mask
                 bad("key_top_k", f"None with top_k={self.top_k!r} (query and key roles are served exactly only with "
                     "top_k=1: set top_k=1, or key_top_k=None for symmetric routing)")
+        if not isinstance(self.query_proj, bool):
+            bad("query_proj", "True or False")
+        if self.query_proj and self.top_k not in (None, 1):  # None: the soft gate (training)
+            bad("query_proj", f"False with top_k={self.top_k!r} (an own query projection is served exactly only "
+                "with top_k=1: set top_k=1, or query_proj=False for one shared ranking)")
+        if self.query_proj and self.routing != "causal":
+            bad("query_proj", f"False with routing={self.routing!r} (the query offsets are learned like the "
+                "causal offsets)")
         if not 0.0 <= self.offset_momentum < 1.0:
             bad("offset_momentum", "a float in [0, 1)")
         if self.backend not in BACKENDS:
@@ -97,6 +115,10 @@ class FocusConfig:
             bad("sink_tokens", "an integer >= 0")
         if isinstance(self.rebalance, bool) or not isinstance(self.rebalance, int) or self.rebalance < 0:
             bad("rebalance", "an integer >= 0 (tokens between re-estimates; 0 = off)")
+        if not isinstance(self.rebalance_warm, bool):
+            bad("rebalance_warm", "True or False")
+        if self.rebalance_warm and not self.rebalance:
+            bad("rebalance_warm", "False with rebalance=0 (warm starts chain the online re-estimates; set rebalance)")
         if isinstance(self.global_rate, bool) or not isinstance(self.global_rate, (int, float)) \
                 or not 0.0 <= self.global_rate < 1.0:
             bad("global_rate", "a float in [0, 1) (share of tokens made global keys; 0 = off)")
@@ -108,8 +130,10 @@ class FocusConfig:
 
     @property
     def roles(self) -> bool:
-        """Hard routing whose query and key memberships differ (``key_top_k`` set and not equal to ``top_k``)."""
-        return self.key_top_k is not None and self.top_k is not None and self.key_top_k != self.top_k
+        """Hard routing whose query and key memberships differ (an own query projection, or ``key_top_k`` set and
+        not equal to ``top_k``)."""
+        return self.top_k is not None and (self.query_proj
+                                           or (self.key_top_k is not None and self.key_top_k != self.top_k))
 
     @property
     def served_key_top_k(self) -> int | None:

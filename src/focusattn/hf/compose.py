@@ -173,7 +173,10 @@ def update_config(model, **changes) -> FocusConfig:
     k = changes.get("top_k", state.cfg.top_k)
     if k is not None and (not isinstance(k, int) or not 1 <= k <= state.cfg.num_groups):
         raise ValueError(f"top_k={k!r} is invalid: allowed None or an integer in 1..{state.cfg.num_groups}")
-    fixed = {"num_groups", "group_dim"} & set(changes)
+    if state.cfg.query_proj and k not in (None, 1):
+        raise ValueError(f"top_k={k!r} is invalid for routers with query_proj=True (the queries' own projection is "
+                         "served exactly only at query top-1): allowed None or 1")
+    fixed = {"num_groups", "group_dim", "query_proj"} & set(changes)
     if fixed:
         raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
     state.cfg = dataclasses.replace(state.cfg, **changes)

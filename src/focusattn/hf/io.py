@@ -86,6 +86,19 @@ def load_adapter_state(model, tensors: dict[str, torch.Tensor], *, source: str =
             t.copy_(tensors[key].to(t.dtype))
 
 
+def _symmetric_start(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A symmetric adapter's tensors for a router with ``query_proj``: the query projection and offsets start as
+    copies of the key ones, so it serves the adapter's groups (query top-1 of the same scores) until trained."""
+    out = dict(tensors)
+    for key, t in tensors.items():
+        head, _, name = key.rpartition(".")
+        if name == "offsets":
+            out[f"{head}.q_offsets"] = t
+        elif key.endswith(".proj.weight"):
+            out[key[:-len("proj.weight")] + "proj_q.weight"] = t
+    return out
+
+
 def save_adapter(model, path: str | os.PathLike) -> Path:
     """Write the adapter folder: the tensors, then the config holding their sha256; each file appears whole."""
     path = Path(path)
@@ -101,7 +114,8 @@ def save_adapter(model, path: str | os.PathLike) -> Path:
         "model_type": model.config.model_type,
         "hidden_size": model.config.hidden_size,
         "num_layers": len(routers(model)),
-        "trainable_parameters": sum(v.numel() for k, v in state.items() if not k.split(".")[-1].startswith("offsets")),
+        "trainable_parameters": sum(v.numel() for k, v in state.items()
+                                    if not k.split(".")[-1].startswith(("offsets", "q_offsets"))),
         "focusattn_version": __version__,
         "weights_sha256": digest,
     })
@@ -222,6 +236,12 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
         raise ValueError(f"adapter {path} was saved with query and key roles (key_top_k={cfg.key_top_k}, top_k="
                          f"{cfg.top_k}) but the model is composed with key_top_k={focus_config(model).key_top_k}: "
                          f"compose with key_top_k={cfg.key_top_k} or load into an uncomposed model")
+    elif cfg.query_proj and not focus_config(model).query_proj:  # its keys' groups are not its queries' groups
+        raise ValueError(f"adapter {path} was saved with query_proj=True (the queries' own projection) but the model "
+                         "is composed with query_proj=False: compose with query_proj=True or load into an uncomposed "
+                         "model")
+    if focus_config(model).query_proj and not cfg.query_proj:
+        tensors = _symmetric_start(tensors)
     try:
         load_adapter_state(model, tensors, source=str(path / WEIGHTS))
     except ValueError:

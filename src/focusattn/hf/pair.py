@@ -20,16 +20,19 @@ class Pair:
 
 
 def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = None,
-              rebalance: int | None = None) -> Pair:
-    """``rebalance``: override the adapter's ``FocusConfig.rebalance`` (an inference-time choice, no retraining)."""
+              rebalance: int | None = None, rebalance_warm: bool | None = None) -> Pair:
+    """``rebalance`` / ``rebalance_warm``: override the adapter's ``FocusConfig.rebalance`` / ``rebalance_warm``
+    (inference-time choices, no retraining)."""
     from ..adapters import resolve
     from .io import load_adapter, read_adapter_config
     from .loading import load_model
 
     adapter_dir = resolve(adapter)
     cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
-    if rebalance is not None:
-        cfg = FocusConfig.from_dict({**cfg.to_dict(), "rebalance": int(rebalance)})  # validated before loading
+    over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
+                              ("rebalance_warm", rebalance_warm)) if v is not None}
+    if over:
+        cfg = FocusConfig.from_dict({**cfg.to_dict(), **over})  # validated before loading
     if getattr(cfg, "key_top_k", None) is not None and [int(k) for k in top_ks] != [1]:
         raise ValueError(f"top-k {list(top_ks)}: adapter {adapter} serves query and key roles (query top-1, key "
                          f"top-{cfg.key_top_k}); allowed --top-k 1 (its rows are then that mask)")
@@ -46,9 +49,9 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
         raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
     focus, _ = load_model(model)
     load_adapter(focus, adapter_dir)
-    if rebalance is not None:
+    if over:
         from .compose import update_config
 
-        update_config(focus, rebalance=int(rebalance))
+        update_config(focus, **over)
     focus.eval()
     return Pair(base, focus, tok, cfg, adapter_dir, lengths)

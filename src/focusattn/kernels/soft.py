@@ -1,7 +1,8 @@
 """Soft-gated Focus attention used while training routers (dense O(T^2), differentiable in the group weights).
 
 Local pairs (``0 <= i - j <= window``) are untouched; distant causal pairs are gated by the group affinity
-``a_ij = g_i . g_j`` in [0, 1]. Two gate forms (see README "Design decisions"):
+``a_ij = g_i . g_j`` in [0, 1] (``query_groups``: ``gq_i . g_j``, a router with its own query projection). Two gate
+forms (see README "Design decisions"):
 
 * ``"multiplicative"`` (paper Eq. 2): ``s_ij * sigmoid(lam * (a_ij - offset))``. With ``offset=0`` two tokens in
   different groups get sigmoid(0) = 0.5: their logit is halved, not removed.
@@ -22,7 +23,7 @@ from .validation import check_finite
 GATES = ("multiplicative", "log")
 
 
-def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys) -> None:
+def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys, query_groups=None) -> None:
     """ValueError naming the offending argument (the shapes of :func:`.api.focus_attention`, float groups)."""
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
@@ -40,6 +41,10 @@ def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys) -> No
             or groups.shape[:2] != (b, k.shape[2]) or groups.shape[2] < 1:
         raise ValueError(f"groups must be a float tensor [B, Tk, K] = [{b}, {k.shape[2]}, K>=1], got "
                          f"{(groups.dtype, tuple(groups.shape)) if isinstance(groups, torch.Tensor) else groups!r}")
+    if query_groups is not None and (not isinstance(query_groups, torch.Tensor) or query_groups.dtype
+                                     != groups.dtype or tuple(query_groups.shape) != (b, tq, groups.shape[2])):
+        raise ValueError(f"query_groups must be None or a {groups.dtype} tensor [B, Tq, K] = [{b}, {tq}, "
+                         f"{groups.shape[2]}], got {getattr(query_groups, 'shape', query_groups)!r}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be an int >= 0, got {window!r}")
     for name, x in (("lam", lam), ("offset", offset)):
@@ -48,8 +53,9 @@ def _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys) -> No
     for name, m in (("allowed", allowed), ("sink_keys", sink_keys)):
         if m is not None and (not isinstance(m, torch.Tensor) or m.dtype != torch.bool):
             raise ValueError(f"{name} must be a bool tensor or None")
-    for name, t in (("q", q), ("k", k), ("v", v), ("groups", groups)):
-        check_finite(name, t)
+    for name, t in (("q", q), ("k", k), ("v", v), ("groups", groups), ("query_groups", query_groups)):
+        if t is not None:
+            check_finite(name, t)
 
 
 def soft_focus_attention(
@@ -66,29 +72,32 @@ def soft_focus_attention(
     softcap: float | None = None,
     allowed: torch.Tensor | None = None,
     sink_keys: torch.Tensor | None = None,
+    query_groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``groups``: float ``[B, Tk, K]`` soft assignments (rows sum to 1). ``allowed``: optional bool mask broadcastable
     to ``[B, Hq, Tq, Tk]`` (the model's causal/padding/sliding mask); causality is always enforced here too.
-    ``sink_keys``: bool [B|1, Tk] keys exempt from gating (see ``reference.sink_key_mask``).
+    ``sink_keys``: bool [B|1, Tk] keys exempt from gating (see ``reference.sink_key_mask``). ``query_groups``
+    ``[B, Tq, K]``: the queries' own soft assignments (``FocusConfig.query_proj``); None = their rows of ``groups``.
 
     A query row with no allowed key (padding) returns zeros, like the hard reference. Non-finite ``q``, ``k``, ``v``
     or ``groups`` is a ValueError naming it: the zeroing of empty rows would otherwise turn a NaN row into a silent
     zero. Empty problems (``B``, ``Tq`` or ``Tk`` = 0) return an empty output."""
-    _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys)
+    _check(q, k, v, groups, window, lam, offset, gate, allowed, sink_keys, query_groups)
     if gate == "log" and softcap is None and q.shape[2] and k.shape[2] and q.shape[0]:
-        return _soft_log_sdpa(q, k, v, groups, window, lam, offset, scale, allowed, sink_keys)
+        return _soft_log_sdpa(q, k, v, groups, window, lam, offset, scale, allowed, sink_keys, query_groups)
     return soft_reference(q, k, v, groups, window, lam=lam, offset=offset, gate=gate, scale=scale, softcap=softcap,
-                          allowed=allowed, sink_keys=sink_keys)
+                          allowed=allowed, sink_keys=sink_keys, query_groups=query_groups)
 
 
-def _gate_bias(groups, tq, tk, window, lam, offset, allowed, sink_keys, dtype):
+def _gate_bias(groups, tq, tk, window, lam, offset, allowed, sink_keys, dtype, query_groups=None):
     """The log gate as an additive bias ``[B, 1|H, Tq, Tk]`` (0 local/sinks, log sigmoid(lam (a - offset)) distant,
     -inf not allowed) and the bool rows that have no allowed key at all."""
     dist = relative_distance(tq, tk, groups.device)
     distant = dist > window
     if sink_keys is not None:
         distant = distant & ~sink_keys[:, None, None, :]
-    affinity = torch.einsum("bik,bjk->bij", groups[:, tk - tq:], groups).unsqueeze(1)
+    qg = groups[:, tk - tq:] if query_groups is None else query_groups
+    affinity = torch.einsum("bik,bjk->bij", qg, groups).unsqueeze(1)
     bias = torch.where(distant, F.logsigmoid(lam * (affinity - offset)), 0.0).to(dtype)
     mask = dist >= 0
     if allowed is not None:
@@ -97,12 +106,12 @@ def _gate_bias(groups, tq, tk, window, lam, offset, allowed, sink_keys, dtype):
     return bias.masked_fill(~mask & ~empty, float("-inf")), empty
 
 
-def _soft_log_sdpa(q, k, v, groups, window, lam, offset, scale, allowed, sink_keys):
+def _soft_log_sdpa(q, k, v, groups, window, lam, offset, scale, allowed, sink_keys, query_groups=None):
     """The log gate is an additive bias shared by every head, so the whole thing is one SDPA call with a float mask:
     no ``[B, H, T, T]`` score, gate and probability tensors of our own (2.2x faster forward + backward at 2K tokens
     on CPU than :func:`soft_reference`, which stays the reference and handles the other gate and softcaps)."""
     tq, tk = q.shape[2], k.shape[2]
-    bias, empty = _gate_bias(groups, tq, tk, window, lam, offset, allowed, sink_keys, q.dtype)
+    bias, empty = _gate_bias(groups, tq, tk, window, lam, offset, allowed, sink_keys, q.dtype, query_groups)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=default_scale(q.shape[-1], scale),
                                          enable_gqa=q.shape[1] != k.shape[1])
     if bool(empty.any()):  # a row with no allowed key attended to everything (bias 0): zero it, like the reference
@@ -124,6 +133,7 @@ def soft_reference(
     softcap: float | None = None,
     allowed: torch.Tensor | None = None,
     sink_keys: torch.Tensor | None = None,
+    query_groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The dense reference of :func:`soft_focus_attention` (same arguments): scores, gate and softmax spelled out."""
     hq, tq, d = q.shape[1], q.shape[2], q.shape[-1]
@@ -134,7 +144,8 @@ def soft_reference(
     distant = dist > window  # [Tq, Tk]: beyond the window (common.in_window), so gated
     if sink_keys is not None:  # sinks are never gated, like local pairs
         distant = distant & ~sink_keys[:, None, None, :]
-    affinity = torch.einsum("bik,bjk->bij", groups[:, tk - tq:], groups).unsqueeze(1).to(s.dtype)
+    qg = groups[:, tk - tq:] if query_groups is None else query_groups
+    affinity = torch.einsum("bik,bjk->bij", qg, groups).unsqueeze(1).to(s.dtype)
     z = lam * (affinity - offset)
     if gate == "multiplicative":
         s = torch.where(distant, s * torch.sigmoid(z), s)

@@ -37,6 +37,12 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rebalance", type=int, default=d.rebalance,
                    help="causal online rebalancing: re-estimate the group offsets from the sequence's own earlier "
                         "tokens every N tokens (0 = the offsets learned in training only)")
+    g.add_argument("--rebalance-warm", action="store_true",
+                   help="start each online re-estimate from the previous one's potentials (balanced at few Sinkhorn "
+                        "iterations; FocusConfig.rebalance_warm)")
+    g.add_argument("--query-proj", action="store_true",
+                   help="give the query role its own projection onto the same centroids (served at top-1 only; "
+                        "FocusConfig.query_proj)")
     g.add_argument("--global-rate", type=float, default=d.global_rate,
                    help="share of tokens the router makes global keys, visible to every later query (chosen by "
                         "each key's own layer input; trained by --objective attention); 0 = off")
@@ -46,7 +52,8 @@ def focus_from_args(a) -> FocusConfig:
     return FocusConfig(num_groups=a.groups, group_dim=a.group_dim, window=a.window, tau=a.tau,
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
                        routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens,
-                       rebalance=a.rebalance, global_rate=a.global_rate)
+                       rebalance=a.rebalance, rebalance_warm=a.rebalance_warm, global_rate=a.global_rate,
+                       query_proj=a.query_proj)
 
 
 def add_lazy_args(p: argparse.ArgumentParser) -> None:

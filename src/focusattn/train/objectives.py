@@ -12,7 +12,8 @@ The loss of a query ``i`` is the cross-entropy from the original's distant atten
 attended distant keys, renormalised) to the routing's normalised affinity over the distant keys,
 ``a_ij / sum_j' a_ij'`` with ``a_ij = g_i . g_j`` the probability that two soft assignments share a group. Sharing
 a group with every distant key is as bad as sharing it with none, so the loss itself asks for groups, and queries
-count by their distant mass (a query that attends locally needs nothing from its groups).
+count by their distant mass (a query that attends locally needs nothing from its groups). A router with its own
+query projection (``FocusConfig.query_proj``) uses ``a_ij = gq_i . gk_j``: the query's soft groups against the key's.
 
 With global keys (``FocusConfig.global_rate``) the scorer is trained to pick the keys whose mean distant attention
 from the queries after them (their *attraction*) is in the top ``global_rate`` share of the window (binary
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..kernels import recall as R
+from ..kernels.common import topk_membership
 
 OBJECTIVES = ("lm", "attention")
 EPS = 1e-9
@@ -116,11 +118,14 @@ def global_key_loss(logits: torch.Tensor, tg: LayerTargets, rate: float) -> torc
 
 
 def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int, sink: int,
-                          global_keys: torch.Tensor | None = None):
+                          global_keys: torch.Tensor | None = None, query_groups: torch.Tensor | None = None,
+                          key_top_k: int = 1):
     """``(loss, kept)``: the mass-weighted cross-entropy of the module docstring for soft ``groups`` [B, T, K]
     (gradient flows to them), and the share of the targets' mass that hard top-1 of ``groups`` keeps (no gradient;
     what the served top-1 mask would keep of these keys, the global keys counted as kept). ``global_keys`` [B, T]:
-    keys kept anyway, left out of the group loss."""
+    keys kept anyway, left out of the group loss. ``query_groups`` [B, T, K]: the queries' own soft groups
+    (``FocusConfig.query_proj``; ``groups`` are then the keys'), and ``kept`` counts a key that holds the query's
+    top group among its ``key_top_k``; None = symmetric."""
     idx = tg.idx.to(groups.device).long()
     valid = idx >= 0
     is_global = None
@@ -130,16 +135,20 @@ def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int
         valid = valid & ~is_global
     rows = torch.arange(groups.shape[0], device=groups.device)[:, None, None]
     gj = groups[rows, idx.clamp_min(0)]  # [B, T, M, K]; its backward scatters into [B, T, K], nothing T x T
-    aff = (groups[:, :, None, :] * gj).sum(-1)
+    gq = groups if query_groups is None else query_groups
+    aff = (gq[:, :, None, :] * gj).sum(-1)
     w = tg.weight.to(groups.device) * valid
     w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
-    denom = (groups * distant_sums(groups, window, sink)).sum(-1)
+    denom = (gq * distant_sums(groups, window, sink)).sum(-1)
     ce = -(w_norm * torch.log(aff + EPS)).sum(-1) + torch.log(denom + EPS)
     mass = tg.mass.to(groups.device) * valid.any(-1)
     loss = (mass * ce).sum() / mass.sum().clamp_min(EPS)
     with torch.no_grad():
-        top = groups.argmax(-1)
-        same = top[torch.arange(idx.shape[0], device=idx.device)[:, None, None], idx.clamp_min(0)] == top[..., None]
+        if query_groups is None:
+            top = groups.argmax(-1)
+            same = top[rows, idx.clamp_min(0)] == top[..., None]
+        else:  # key j holds query i's group
+            same = topk_membership(groups, key_top_k)[rows, idx.clamp_min(0), query_groups.argmax(-1)[..., None]]
         w_all = tg.weight.to(groups.device) * (idx >= 0)
         if is_global is not None:
             same = same | is_global
@@ -190,7 +199,8 @@ class AttentionObjective:
         for r, tg in zip(self.routers, self.targets(x)):
             routing = r(tg.h.to(device=device, dtype=torch.float32))
             loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
-                                            global_keys=routing.global_keys)
+                                            global_keys=routing.global_keys, query_groups=routing.query_groups,
+                                            key_top_k=self.cfg.served_key_top_k or 1)
             losses.append(loss)
             kept.append(k)
             if routing.global_logits is not None:

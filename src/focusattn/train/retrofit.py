@@ -58,7 +58,7 @@ class RetrofitConfig(TrainConfig):
     seq_len: int = 512
     eval_windows: int = 8
     ood_eval_windows: int = 8
-    eval_top_ks: tuple[int, ...] | None = None  # None = 1..K/2 (for k > K/2 any two k-subsets of K groups intersect)
+    eval_top_ks: tuple[int, ...] | None = None  # None = 1..K/2 (for k > K/2 any two k-subsets intersect; query_proj: 1)
     grad_checkpointing: bool = False
     fsdp: bool = False  # shard the frozen base over the ranks with FSDP2 (train/dist.py); routers stay whole
     balance_loss: float = 0.0  # weight of the routers' load-balance loss (focus.router.balance_loss); 0 = off
@@ -126,6 +126,9 @@ class RetrofitConfig(TrainConfig):
             if bad:
                 raise InputError("eval_top_ks", ",".join(map(str, self.eval_top_ks)),
                                  f"eval top-k {bad} out of range: allowed 1..{self.focus.num_groups}")
+            if self.focus.query_proj and set(self.eval_top_ks) - {1}:
+                raise InputError("eval_top_ks", ",".join(map(str, self.eval_top_ks)),
+                                 "allowed 1 only with query_proj (the queries' own projection serves query top-1)")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -186,6 +189,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         _, ood_val = tokenize(ood, tok, tokenizer_id=cfg.model)
         ood_w = eval_windows(ood_val, cfg.seq_len, cfg.ood_eval_windows)
     top_ks = list(cfg.eval_top_ks or range(1, max(1, cfg.focus.num_groups // 2) + 1))
+    top_ks = [1] if cfg.focus.query_proj else top_ks  # served at query top-1 only (eval_top_ks is checked)
     log.info("%s | %d train / %d val tokens", corpus.describe(), len(train_ids), len(val_ids))
 
     global_batch = world * cfg.batch_size * cfg.grad_accum
