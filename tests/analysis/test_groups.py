@@ -79,3 +79,28 @@ def test_groups_update_summary_missing_is_named_before_any_work(tmp_path, capsys
                str(tmp_path / "g")])
     err = capsys.readouterr().err
     assert rc == 2 and "missing summary.json" in err and "focusattn retrofit --out RUN" in err
+
+
+def test_pairs_kept_of_a_query_projection_counts_the_served_mask():
+    """With ``query_proj`` the top-1 share is the served mask's (queries by their own projection), the same number
+    ``long-eval`` reports, not the symmetric count of the key groups."""
+    import torch
+
+    import focusattn as fa
+    from focusattn.analysis.groups import group_stats
+    from focusattn.eval.longctx import pairs_kept
+    from focusattn.hf import routers
+    from tests.conftest import V, tiny_model
+
+    torch.manual_seed(0)
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, query_proj=True)).eval()
+    with torch.no_grad():
+        for r in routers(m):
+            r.proj_q.weight.normal_()
+    w = np.random.default_rng(0).integers(1, V, (1, 40))
+    got = group_stats(m, w, top_ks=(1,))["pairs_kept"]["top1"]
+    fa.set_top_k(m, 1)
+    with torch.no_grad():
+        want = pairs_kept(m, w[0])
+    assert got == pytest.approx(want)

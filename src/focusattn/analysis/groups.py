@@ -16,6 +16,25 @@ from ..kernels.common import sink_key_mask, topk_membership
 from ..kernels.reference import focus_allowed
 
 
+def _served_kept(model, w) -> int:
+    """Pairs the hard top-1 mask keeps on window ``w``, summed over layers: one forward at top-1, then back to the
+    model's own setting (a query projection's groups are hard memberships only in the served routing)."""
+    from ..hf import focus_config, set_top_k
+
+    before = focus_config(model).top_k
+    set_top_k(model, 1)
+    try:
+        model(torch.as_tensor(np.asarray(w)[None], dtype=torch.long, device=next(model.parameters()).device))
+        t, total = w.shape[-1], 0
+        for r, routing in zip(routers(model), last_routing(model)):
+            sinks = sink_key_mask(t, served_sinks(routing, r.cfg, t, device=routing.membership.device),
+                                  device=routing.membership.device)
+            total += focus_allowed(routing.membership, r.cfg.window, t, sinks, routing.query_membership).sum().item()
+        return total
+    finally:
+        set_top_k(model, before)
+
+
 @torch.no_grad()
 def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
     """Run ``windows`` [N, T] through the composed model (soft mode, eval) and summarise every layer's routing.
@@ -47,6 +66,8 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
             conf[i] += flat.max(-1).values.sum().item()
             sinks = sink_key_mask(t, served_sinks(routings[i], r.cfg, t, device=device), device=device)
             for k in top_ks:
+                if r.cfg.query_proj:  # the queries' groups come from their own projection: counted below, served
+                    continue
                 member = topk_membership(g, k)
                 kept[f"top{k}"] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()
             for k in roles:
@@ -54,6 +75,8 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
                 qm = km if qm is None else qm
                 kept[f"top1key{k}"] += focus_allowed(km, r.cfg.window, t, sinks, qm).sum().item()
             causal_pairs += t * (t + 1) // 2
+        if rs and rs[0].cfg.query_proj and 1 in top_ks:  # query top-1 of its own scores vs key top-k, as served
+            kept["top1"] += _served_kept(model, w)
         n += w.shape[-1]
     layers = []
     for i, c in enumerate(counts):
