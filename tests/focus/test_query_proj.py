@@ -104,22 +104,28 @@ def test_prefill_plus_decode_steps_equal_one_prefill_and_the_dense_reference(mon
     with torch.no_grad():
         whole = m(x).logits
         want = [(r.membership, r.query_membership) for r in last_routing(m)]
-        out = m(x[:, :20], use_cache=True)
-        steps, cache = [out.logits], output_cache(out)
-        for i in range(20, 40):
-            out = m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True)
-            steps.append(out.logits)
-            cache = output_cache(out)
+        steps = _prefill_then_steps(m, x, 20)
         got = [(r.membership, r.query_membership) for r in last_routing(m)]
         update_config(m, backend="dense")
         dense = m(x).logits
     for (km, qm), (gkm, gqm) in zip(want, got):
         assert torch.equal(km, gkm) and torch.equal(qm, gqm) and (qm & ~km).any()
-    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(steps, whole, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(dense, whole, atol=1e-5, rtol=1e-5)
     taken = sum(r is not None for r in lean)  # steps at 21, 28, 35 start a rebalancing interval
     assert taken == len(routing_caches(m)) * (20 - 3)
     assert all(r.query_groups is not None for r in lean if r is not None)
+
+
+def _prefill_then_steps(m, x, split: int) -> torch.Tensor:
+    """Logits of a prefill of ``x[:, :split]`` and then one decode step per remaining token, concatenated."""
+    out = m(x[:, :split], use_cache=True)
+    steps, cache = [out.logits], output_cache(out)
+    for i in range(split, x.shape[1]):
+        out = m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True)
+        steps.append(out.logits)
+        cache = output_cache(out)
+    return torch.cat(steps, 1)
 
 
 def test_soft_gate_uses_the_query_groups_and_trains_the_query_projection():
@@ -136,13 +142,8 @@ def test_soft_gate_uses_the_query_groups_and_trains_the_query_projection():
     assert all(float(r.proj_q.weight.grad.abs().sum()) > 0 for r in routers(m))
     with torch.no_grad():
         whole = m(x).logits
-        out = m(x[:, :12], use_cache=True)
-        steps, cache = [out.logits], output_cache(out)
-        for i in range(12, 20):
-            out = m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True)
-            steps.append(out.logits)
-            cache = output_cache(out)
-    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-4, rtol=1e-4)
+        steps = _prefill_then_steps(m, x, 12)
+    torch.testing.assert_close(steps, whole, atol=1e-4, rtol=1e-4)
 
 
 def _targets(t=24, m=4, seed=0):
