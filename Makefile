@@ -273,8 +273,21 @@ routing: $(STAMP) python-docs
 	cp $(ROUTE)/bm_g2/model_bench.json docs/results/model_bench_attention_g2.json
 	cp $(ROUTE)/bm_g2/model_bench.png docs/results/model_bench_attention_g2.png
 	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2/adapter --rebalance-warm $(LE_FLAGS) \
-		--variants original,top1,sliding@top1,oracle@top1 --out $(ROUTE)/le_g2w
+		--variants original,top1,sliding@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 --out $(ROUTE)/le_g2w
 	cp $(ROUTE)/le_g2w/long_eval.json docs/results/long_eval_attention_g2_warm.json
+	$(VENV)/bin/focusattn bench-model --adapter $(ROUTE)/g2/adapter --rebalance-warm --lengths 2048 8192 --top-k 1 2 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2w
+	cp $(ROUTE)/bm_g2w/model_bench.json docs/results/model_bench_attention_g2_warm.json
+	cp $(ROUTE)/bm_g2w/model_bench.png docs/results/model_bench_attention_g2_warm.png
+	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 24 \
+		--steps 800 --warmup 20 --lr 5e-3 --balance-loss 0.1 --attn-keys 64 --global-rate 0.02 --eval-windows 2 \
+		--ood-eval-windows 2 --eval-top-k 1,2 --checkpoint-every 200 --rebalance 256 --rebalance-warm --threads 1 \
+		--targets-cache $(ROUTE)/targets --out $(ROUTE)/g2w
+	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2w/adapter $(LE_FLAGS) \
+		--variants original,top1,top2,sliding@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+		--out $(ROUTE)/le_g2w_train
+	cp $(ROUTE)/g2w/summary.json docs/results/retrofit_long_attention_g2w.json
+	cp $(ROUTE)/le_g2w_train/long_eval.json docs/results/long_eval_attention_g2w.json
 	$(PY) scripts/warm_rebalance_probe.py --adapters $(ROUTE)/g2/adapter smollm2-135m-focus-k8 \
 		--corpora shakespeare lee-news python-code --length 4096 --out docs/results/warm_rebalance_probe.json
 	$(MAKE) results
