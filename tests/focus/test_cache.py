@@ -73,20 +73,22 @@ def test_rebalanced_decode_after_padded_prefill_matches_its_prefill(warm):
         torch.testing.assert_close(r.groups[:, 5:], whole[layer][:, 5:])
 
 
-@pytest.mark.parametrize("rebalance", [0, 5])
-def test_calls_the_window_covers_defer_routing_and_equal_one_prefill(rebalance):
+@pytest.mark.parametrize("rebalance,rate", [(0, 0.0), (5, 0.0), (5, 0.2)])
+def test_calls_the_window_covers_defer_routing_and_equal_one_prefill(rebalance, rate):
     """A prompt and decode steps the window covers (Tk - 1 <= w) run as the original attention with their routing
     deferred; the first call past the window routes them in one batch: outputs (left padding included) and routing
     equal one full forward's, and a reader in between sees the routing of every token so far."""
     m = tiny_model("llama")
     base = tiny_model("llama")
-    fa.compose(m, fa.FocusConfig(num_groups=4, window=12, top_k=1, rebalance=rebalance, sink_tokens=1)).eval()
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=12, top_k=1, rebalance=rebalance, sink_tokens=1,
+                                 global_rate=rate)).eval()
     x = torch.randint(1, V, (2, 30))
     mask = torch.ones(2, 30, dtype=torch.long)
     mask[1, :3] = 0  # left padding in the second row
     with torch.no_grad():
         full = m(x, attention_mask=mask).logits
         whole = [r.membership.clone() for r in last_routing(m)]
+        globs = [None if r.global_keys is None else r.global_keys.clone() for r in last_routing(m)]
         short = m(x[:, :8], attention_mask=mask[:, :8], use_cache=True)
         assert torch.allclose(short.logits, base(x[:, :8], attention_mask=mask[:, :8]).logits, atol=1e-5)
         assert all(c._pending is not None for c in routing_caches(m))  # deferred: nothing routed yet
@@ -100,3 +102,5 @@ def test_calls_the_window_covers_defer_routing_and_equal_one_prefill(rebalance):
     torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-4, rtol=1e-4)
     for layer, r in enumerate(last_routing(m)):
         assert torch.equal(r.membership, whole[layer])
+        assert (r.global_keys is None) == (globs[layer] is None)
+        assert globs[layer] is None or torch.equal(r.global_keys, globs[layer])

@@ -96,3 +96,26 @@ def test_config_validation():
             fa.FocusConfig(global_rate=bad)
     with pytest.raises(InputError, match="global_rate"):
         fa.FocusConfig(global_rate=0.1, routing="sequence")
+
+
+def test_decode_steps_take_the_lean_step_and_keep_the_global_keys(monkeypatch):
+    """``FocusRouter.decode`` serves global keys too (the learned threshold): every step takes it, and a prefill plus
+    steps leaves the global keys and memberships of one prefill."""
+    from focusattn.hf import routing_caches
+    from focusattn.hf.kv import cache_kwargs, output_cache
+
+    lean = []
+    real = fa.FocusRouter.decode
+    monkeypatch.setattr(fa.FocusRouter, "decode", lambda self, *a: lean.append(real(self, *a)) or lean[-1])
+    m = _model()
+    x = _ids(t=40)
+    with torch.no_grad():
+        m(x)
+        whole = [(r.global_keys.clone(), r.membership.clone()) for r in last_routing(m)]
+        cache = output_cache(m(x[:, :20], use_cache=True))
+        for i in range(20, 40):
+            cache = output_cache(m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True))
+    assert sum(r is not None for r in lean) == len(routing_caches(m)) * 20
+    for (glob, memb), r in zip(whole, last_routing(m)):
+        assert torch.equal(r.global_keys, glob) and torch.equal(r.membership, memb)
+    assert any(bool(g.any()) for g, _ in whole)

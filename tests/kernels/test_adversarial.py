@@ -220,7 +220,8 @@ def test_soft_kernel_limits_equal_reference(prob, gate):
     """The log gate at a huge sharpness is the hard mask (one-hot or evenly split groups); with a window covering
     every pair nothing is gated and both gates are plain causal attention. Compared on real-token queries (a padded
     query's row has no meaning for the soft gate, which penalises rather than removes) plus every row that the
-    reference leaves empty: those must be zeros."""
+    reference leaves empty where no key is allowed at all (causal, not padding): those must be zeros. A padded
+    query whose only allowed keys are gated keeps them (the gate penalises, softmax renormalises): not compared."""
     q, k, v, m, window, sink, kw = prob
     tk = k.shape[2]
     kpm = kw["key_padding_mask"]
@@ -234,7 +235,9 @@ def test_soft_kernel_limits_equal_reference(prob, gate):
     assert out.shape == ref.shape and not out.isnan().any()
     rows = torch.ones(ref_lse.shape, dtype=torch.bool)
     if kpm is not None:
-        rows = kpm[:, None, tk - q.shape[2]:].expand_as(rows) | torch.isneginf(ref_lse)
+        causal = torch.arange(tk)[None, :] <= torch.arange(tk - q.shape[2], tk)[:, None]  # [Tq, Tk]
+        none_allowed = ~(causal[None, None] & kpm[:, None, None, :]).any(-1)  # [B, 1, Tq]
+        rows = kpm[:, None, tk - q.shape[2]:].expand_as(rows) | (torch.isneginf(ref_lse) & none_allowed)
     assert_close(out[rows], ref[rows], atol=1e-5, rtol=1e-5, name="soft out")
 
 

@@ -268,17 +268,17 @@ class FocusRouter(nn.Module):
                        qlogits.detach() if keep else None)
 
     def defers(self) -> bool:
-        """Hard causal routing in evaluation mode with no global keys: the routing of a token then depends on its
-        own layer input (and earlier tokens' scores) only, so it may wait (``RoutingCache`` defers calls the window
-        covers) and a decode step may take :meth:`decode`."""
+        """Hard causal routing in evaluation mode: the routing of a token then depends on its own layer input (and
+        earlier tokens' scores) only, global keys included (the learned threshold), so it may wait
+        (``RoutingCache`` defers calls the window covers) and a decode step may take :meth:`decode`."""
         cfg = self.cfg
-        return not self.training and cfg.routing == "causal" and cfg.top_k is not None and self.globals is None
+        return not self.training and cfg.routing == "causal" and cfg.top_k is not None
 
     def decode(self, h: torch.Tensor, start: int, memo: dict) -> Routing | None:
         """What :meth:`forward` gives for a decode step's new tokens at inference (evaluation mode, no gradient,
         causal hard routing), without its general machinery: the per-step cost is the few tensor ops of the
         routing itself, not the Python around them. None where a step needs more: the first step of a new online
-        rebalancing interval (Sinkhorn over the earlier tokens), global keys, sequence or random routing."""
+        rebalancing interval (Sinkhorn over the earlier tokens), sequence or random routing."""
         cfg = self.cfg
         if not self.defers():
             return None
@@ -301,9 +301,13 @@ class FocusRouter(nn.Module):
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
         membership, qmem = hard_memberships(groups, cfg, qgroups)
+        glob = None
+        if self.globals is not None:  # forward's rule at evaluation: above the learned threshold
+            w = self.globals.weight
+            glob = torch.nn.functional.linear(h.to(w.dtype), w, self.globals.bias).squeeze(-1) > self.global_threshold
         keep = bool(cfg.rebalance)
-        return Routing(groups, membership, logits if keep else None, query_membership=qmem, query_groups=qgroups,
-                       query_scores=qlogits if keep and asym else None)
+        return Routing(groups, membership, logits if keep else None, glob, query_membership=qmem,
+                       query_groups=qgroups, query_scores=qlogits if keep and asym else None)
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:
