@@ -199,6 +199,10 @@ def test_adapter_round_trips_and_refuses_symmetric_serving(tmp_path):
     with pytest.raises(ValueError, match="query_proj"):
         update_config(loaded, query_proj=False)
     assert fa.set_top_k(loaded, None).query_proj and fa.set_top_k(loaded, 1).top_k == 1
+    from focusattn.hf.pair import load_pair  # long-eval / bench-model: refused before any model loads
+
+    with pytest.raises(ValueError, match=r"top-k \[1, 2\]: .*own query projection.*allowed --top-k 1"):
+        load_pair("no-such-model", tmp_path / "a", lengths=[64], top_ks=[1, 2])
 
 
 def test_a_symmetric_adapter_starts_a_query_projection_where_it_was(tmp_path):

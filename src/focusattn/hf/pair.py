@@ -33,9 +33,10 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
                               ("rebalance_warm", rebalance_warm)) if v is not None}
     if over:
         cfg = FocusConfig.from_dict({**cfg.to_dict(), **over})  # validated before loading
-    if getattr(cfg, "key_top_k", None) is not None and [int(k) for k in top_ks] != [1]:
-        raise ValueError(f"top-k {list(top_ks)}: adapter {adapter} serves query and key roles (query top-1, key "
-                         f"top-{cfg.key_top_k}); allowed --top-k 1 (its rows are then that mask)")
+    if (cfg.key_top_k is not None or cfg.query_proj) and [int(k) for k in top_ks] != [1]:
+        roles = "its own query projection" if cfg.query_proj else f"query top-1, key top-{cfg.key_top_k}"
+        raise ValueError(f"top-k {list(top_ks)}: adapter {adapter} serves query and key roles ({roles}); allowed "
+                         "--top-k 1 (its rows are then that mask)")
     bad = [k for k in top_ks if not 1 <= int(k) <= cfg.num_groups]
     if bad:
         raise ValueError(f"top-k {bad} out of range for adapter {adapter} (K={cfg.num_groups}): allowed "
