@@ -68,6 +68,29 @@ def test_long_eval_runs_every_variant_and_the_original_finds_the_passkey(adapter
     assert pairs_kept_sliding(320, sliding["window"]) >= sliding["budget_pairs_kept"]
 
 
+def test_long_eval_serves_induction_heads_dense_beside_the_duo_baseline(adapter_dir, tmp_path):
+    """--dense-heads induction:N measures the heads on the loaded model, records them, counts them in the budget
+    and gives the DuoAttention-style baseline (the same dense heads, a window elsewhere) at that budget."""
+    out = tmp_path / "le"
+    argv = ["long-eval", "--adapter", adapter_dir, "--lengths", "320", "--top-k", "1", "--ppl-windows", "1",
+            "--repeat-n", "1", "--threads", "2", "--recall-windows", "1", "--no-soft",
+            "--variants", "original,top1,sliding@top1,duo@top1", "--baselines", "sliding,duo,oracle"]
+    assert main(argv + ["--dense-heads", "induction:3", "--out", str(out)]) == 0
+    doc = json.loads((out / "long_eval.json").read_text())
+    heads = doc["focus_config"]["dense_heads"]
+    assert len(heads) == 3 and [17, 1] in heads and [18, 2] in heads  # SmolLM2's two strongest copying heads
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert list(rows) == ["original", "top1", "sliding@top1", "duo@top1"]
+    assert rows["duo@top1"]["window"] < rows["sliding@top1"]["window"]  # part of the budget went to dense heads
+    masks = doc["recall"][0]["overall"]["masks"]
+    assert masks["oracle@top1"]["dropped_distant"] <= masks["top1"]["dropped_distant"]
+    assert set(masks) >= {"top1", "duo@top1", "sliding@top1", "oracle@top1"}
+    assert main(argv + ["--dense-heads", "none", "--out", str(tmp_path / "none")]) == 0
+    plain = json.loads((tmp_path / "none" / "long_eval.json").read_text())
+    assert [r["variant"] for r in plain["results"]] == ["original", "top1", "sliding@top1"]  # no duo without heads
+    assert plain["results"][1]["budget_pairs_kept"] < rows["top1"]["budget_pairs_kept"]
+
+
 def test_bench_model_times_the_learned_routing(adapter_dir, tmp_path):
     out = tmp_path / "bm"
     rc = main(["bench-model", "--adapter", adapter_dir, "--lengths", "256", "--top-k", "1", "--repeats", "1",
@@ -100,6 +123,7 @@ def test_long_eval_unknown_variant_or_baseline_is_one_line(adapter_dir, tmp_path
     (["--adapter", "no-such-adapter"], "shipped"),
     (["--lengths", "9000"], "exceeds the model's 8192 positions"),
     (["--top-k", "5"], "out of range"),
+    (["--dense-heads", "17"], "--dense-heads 17: allowed 'none'"),
 ])
 def test_bench_model_and_long_eval_bad_input_is_one_line_and_writes_nothing(adapter_dir, tmp_path, capsys, argv,
                                                                              message):

@@ -63,3 +63,19 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         fa.unload(model)
     with torch.no_grad():
         assert torch.equal(model(x).logits, ref)
+
+
+def test_default_model_has_few_strong_induction_heads(smol):
+    """SmolLM2's copying heads, found on repeated random tokens, are few and strong: what dense_heads serves."""
+    from focusattn.hf.heads import induction_scores
+
+    model, _ = smol
+    fa.compose(model, fa.FocusConfig())
+    try:
+        s = induction_scores(model, half=128, seeds=(0,))
+    finally:
+        fa.unload(model)
+    assert s.shape == (30, 3)
+    flat = s.flatten().sort(descending=True).values
+    assert flat[0] > 0.5 and flat[1] > 0.5  # at least two heads copy most of the time
+    assert flat[10:].max() < 0.2 and flat.median() < 0.02  # and most heads never do

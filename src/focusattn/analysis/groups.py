@@ -16,7 +16,15 @@ from ..kernels.common import sink_key_mask, topk_membership
 from ..kernels.reference import focus_allowed
 
 
-def _served_kept(model, w) -> int:
+def _with_dense(model, layer: int, t: int, kept: float) -> float:
+    """Kept pairs of ``layer`` with its dense heads (``FocusConfig.dense_heads``) keeping every causal pair."""
+    from ..hf.compose import dense_share
+
+    d = dense_share(model, layer)
+    return d * t * (t + 1) / 2 + (1 - d) * kept
+
+
+def _served_kept(model, w) -> float:
     """Pairs the hard top-1 mask keeps on window ``w``, summed over layers: one forward at top-1, then back to the
     model's own setting (a query projection's groups are hard memberships only in the served routing)."""
     from ..hf import focus_config, set_top_k
@@ -26,10 +34,11 @@ def _served_kept(model, w) -> int:
     try:
         model(torch.as_tensor(np.asarray(w)[None], dtype=torch.long, device=next(model.parameters()).device))
         t, total = w.shape[-1], 0
-        for r, routing in zip(routers(model), last_routing(model)):
+        for i, (r, routing) in enumerate(zip(routers(model), last_routing(model))):
             sinks = sink_key_mask(t, served_sinks(routing, r.cfg, t, device=routing.membership.device),
                                   device=routing.membership.device)
-            total += focus_allowed(routing.membership, r.cfg.window, t, sinks, routing.query_membership).sum().item()
+            total += _with_dense(model, i, t, focus_allowed(routing.membership, r.cfg.window, t, sinks,
+                                                            routing.query_membership).sum().item())
         return total
     finally:
         set_top_k(model, before)
@@ -69,11 +78,12 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
                 if r.cfg.query_proj:  # the queries' groups come from their own projection: counted below, served
                     continue
                 member = topk_membership(g, k)
-                kept[f"top{k}"] += focus_allowed(member, r.cfg.window, t, sinks).sum().item()
+                kept[f"top{k}"] += _with_dense(model, i, t, focus_allowed(member, r.cfg.window, t, sinks).sum().item())
             for k in roles:
                 km, qm = hard_memberships(g, FocusConfig(num_groups=r.cfg.num_groups, top_k=1, key_top_k=k))
                 qm = km if qm is None else qm
-                kept[f"top1key{k}"] += focus_allowed(km, r.cfg.window, t, sinks, qm).sum().item()
+                kept[f"top1key{k}"] += _with_dense(model, i, t,
+                                                   focus_allowed(km, r.cfg.window, t, sinks, qm).sum().item())
             causal_pairs += t * (t + 1) // 2
         if rs and rs[0].cfg.query_proj and 1 in top_ks:  # query top-1 of its own scores vs key top-k, as served
             kept["top1"] += _served_kept(model, w)

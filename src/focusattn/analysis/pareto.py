@@ -17,14 +17,17 @@ def _adapter_name(doc: dict) -> str:
     """One name per adapter configuration: a shipped adapter by its name, a run's adapter by its folder as recorded
     (``runs/e2e/k16``: a retrofit run's ``RUN/adapter`` by the run folder; an absolute path by the folder's name), and
     ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``), and
-    ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``)."""
+    ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``), and
+    ``+N dense heads`` when it served dense heads of its own (``--dense-heads``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
     name = p.name if p.is_absolute() else p.as_posix()
     cfg, cmd = doc.get("focus_config") or {}, (doc.get("command") or "").split()
     rb = cfg.get("rebalance") or 0
     name = f"{name} +rebalance {rb}" if rb and "--rebalance" in cmd else name
-    return f"{name} +warm" if cfg.get("rebalance_warm") and "--rebalance-warm" in cmd else name
+    name = f"{name} +warm" if cfg.get("rebalance_warm") and "--rebalance-warm" in cmd else name
+    heads = cfg.get("dense_heads") or ()
+    return f"{name} +{len(heads)} dense heads" if heads and "--dense-heads" in cmd else name
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
@@ -118,8 +121,10 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
         lines.append("| " + " | ".join(cells) + " |")
     speed_t = sorted({r["speed_T"] for r in rows if r["speed_T"]})
     notes = [f"Speed-ups: whole model against the original in the same `bench-model` run at T={speed_t}; "
-             "— = not measured. Passkey: accuracy over depths (teacher-forced greedy = what greedy decoding answers). Sliding, random "
-             "and untrained rows keep the same share of causal pairs as the adapter's top-k at each length."]
+             "— = not measured. Passkey: accuracy over depths (teacher-forced greedy = what greedy decoding "
+             "answers). Sliding, duo, random and untrained rows keep the same share of causal pairs as the "
+             "adapter's top-k at each length; an adapter served with dense heads (`+N dense heads`) counts their "
+             "pairs in that share, and its random, untrained, k-means and oracle rows keep the same heads dense."]
     if any(r["variant"].startswith(("kmeans@", "oracle@")) for r in rows):
         notes[0] += (" K-means and oracle rows keep as many distant keys per query as the adapter's top-k (k-means: "
                      "the matching share of its clusters).")
@@ -135,6 +140,7 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
 
 # Training-free baselines at the adapter's budget (``NAME@topK`` variants of long-eval), in table order.
 BASELINES = {"oracle": "oracle: the most-attended keys", "sliding": "sliding window + sinks",
+             "duo": "the same dense heads, sliding window + sinks elsewhere (DuoAttention-style)",
              "kmeans": "k-means keys", "random": "random groups", "untrained": "untrained router"}
 
 
@@ -253,7 +259,8 @@ def plot_pareto(long_docs: list[dict], bench_docs: list[dict], path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     adapters = list(dict.fromkeys(r["adapter"] for r in rows if r is not base))
     colour = {a: c for a, c in zip(adapters, ["#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#d62728"] * 9)}
-    marks = {"oracle": ("*", "#7f7f7f"), "sliding": ("s", "#8c564b"), "kmeans": ("D", "#bcbd22"),
+    marks = {"oracle": ("*", "#7f7f7f"), "sliding": ("s", "#8c564b"), "duo": ("P", "#ff9896"),
+             "kmeans": ("D", "#bcbd22"),
              "random": ("X", "#17becf"), "untrained": ("v", "#e377c2")}
 
     def delta(r, key):

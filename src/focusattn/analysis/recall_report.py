@@ -12,7 +12,7 @@ from .pareto import _adapter_name
 def _order(name: str) -> tuple:
     base, _, k = name.partition("@")
     top = k or base
-    kind = {"top": 0, "oracle": 1, "sliding": 2, "kmeans": 3, "random": 4, "untrained": 5}
+    kind = {"top": 0, "oracle": 1, "sliding": 2, "duo": 3, "kmeans": 4, "random": 5, "untrained": 6}
     return (top, kind.get(base.rstrip("0123456789") if not k else base, 9), name)
 
 

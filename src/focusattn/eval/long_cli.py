@@ -18,8 +18,9 @@ def register(sub) -> None:
     p.add_argument("--adapter", required=True, help="shipped adapter name or adapter folder")
     p.add_argument("--lengths", nargs="+", default=["2048", "4096", "8192"], help="sequence lengths to evaluate")
     p.add_argument("--top-k", nargs="+", default=["1", "2"], help="hard top-k routings to evaluate")
-    p.add_argument("--baselines", default="sliding,random,untrained,kmeans,oracle",
+    p.add_argument("--baselines", default="sliding,duo,random,untrained,kmeans,oracle",
                    help="comma list of baselines at the adapter's budget ('' for none): sliding (window + sink), "
+                        "duo (the adapter's dense heads, window + sink elsewhere; only with dense heads), "
                         "random (groups), untrained (router), kmeans (keys, ClusterKV-style), oracle (the most "
                         "attended distant keys, as many per query as top-k keeps)")
     p.add_argument("--no-soft", action="store_true", help="skip the soft gate")
@@ -39,6 +40,9 @@ def register(sub) -> None:
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
     p.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
                    help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
+    p.add_argument("--dense-heads", default=None,
+                   help="override the adapter's dense heads (FocusConfig.dense_heads): 'none', 'layer:kv_head,...' "
+                        "or 'induction:N' (the N KV heads of highest induction score on repeated random tokens)")
     p.add_argument("--out", required=True, help="folder for long_eval.json")
     p.set_defaults(func=_run)
 
@@ -70,6 +74,7 @@ def _run(a) -> int:
                         ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
                         ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth, repeat_n=a.repeat_n,
                         variants=variants, threads=a.threads, rebalance=a.rebalance, rebalance_warm=a.rebalance_warm,
-                        recall_windows=a.recall_windows, command=getattr(a, "command_line", None))
+                        dense_heads=a.dense_heads, recall_windows=a.recall_windows,
+                        command=getattr(a, "command_line", None))
     print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
     return 0

@@ -7,6 +7,8 @@ Variants (all on the same inputs):
 * ``soft``, ``top{k}``: the adapter's soft gate and hard top-k routing (exact sparse kernels);
 * ``sliding@top{k}``: window + first token (StreamingLLM-style) with the window chosen so it keeps at least the share
   of causal pairs that the adapter's top-k keeps at that length on that text (measured, per length);
+* ``duo@top{k}`` (with ``FocusConfig.dense_heads``): the same dense heads, the other heads window + first token
+  (DuoAttention's retrieval and streaming heads), the window chosen for the same share of causal pairs;
 * ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k;
 * ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training;
 * ``kmeans@top{k}``: k-means over each layer's own keys, queries routed to the clusters they score highest
@@ -36,7 +38,7 @@ from .perplexity import perplexity
 from .probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
 
 SCHEMA = "focusattn.long_eval/1"
-BASELINES = ("sliding", "random", "untrained", "kmeans", "oracle")
+BASELINES = ("sliding", "duo", "random", "untrained", "kmeans", "oracle")
 
 
 def variant_names(top_ks, baselines=BASELINES, soft: bool = True) -> list[str]:
@@ -64,20 +66,23 @@ def probe_inputs(val: dict, tok, t: int, *, ppl_max_len: int, ppl_windows: int, 
 
 @torch.no_grad()
 def pairs_kept(model, tokens: np.ndarray) -> float:
-    """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers."""
+    """Share of causal pairs kept by a composed model's hard routing on ``tokens`` [T], mean over layers and heads
+    (a dense head, ``FocusConfig.dense_heads``, keeps every pair)."""
     from ..focus.attend import served_sinks
     from ..hf import last_routing, routers
+    from ..hf.compose import dense_share
     from ..kernels.reference import focus_allowed, sink_key_mask
 
     x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[None])
     model(x, logits_to_keep=1)
     t = x.shape[1]
     shares = []
-    for r, routing in zip(routers(model), last_routing(model)):
+    for i, (r, routing) in enumerate(zip(routers(model), last_routing(model))):
         m = routing.membership  # the keys' groups; with query and key roles the queries' are their own
         kept = focus_allowed(m, r.cfg.window, t, sink_key_mask(t, served_sinks(routing, r.cfg, t)),
                              routing.query_membership).sum().item()
-        shares.append(kept / (t * (t + 1) / 2))
+        d = dense_share(model, i)
+        shares.append(d + (1 - d) * kept / (t * (t + 1) / 2))
     return statistics.mean(shares)
 
 
@@ -86,7 +91,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   ppl_windows: int = 4, ppl_max_len: int = 2048, passkey_depths=(0.1, 0.5, 0.9),
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
-                  rebalance: int | None = None, rebalance_warm: bool | None = None, recall_windows: int = 0, command: str | None = None,
+                  rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None,
+                  recall_windows: int = 0, command: str | None = None,
                   progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
@@ -94,7 +100,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     ``recall_windows``: windows per split and length for attention recall (0 = none)."""
     from ..data.corpora import load_corpus
     from ..data.tokens import check_length, eval_windows, tokenize
-    from ..hf import compose, focus_config, load_model, set_top_k
+    from ..hf import compose, focus_config, load_model, routers, set_top_k
+    from ..hf.compose import kv_heads
     from ..hf.baselines import restore, sliding_sink, window_for_budget
     from ..hf.pair import load_pair
     from ..hf.probe import kmeans_rule, masked, oracle_rule
@@ -109,7 +116,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}: allowed {known}")
     pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance,
-                     rebalance_warm=rebalance_warm)
+                     rebalance_warm=rebalance_warm, dense_heads=dense_heads)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
@@ -136,6 +143,10 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
             if "sliding" in baselines:
                 w = window_for_budget(t, budget[k], cfg.sink_tokens)
                 out.append((f"sliding@top{k}", base, lambda w=w: sliding_sink(base, w, cfg.sink_tokens)))
+            if "duo" in baselines and cfg.dense_heads:
+                w = window_for_budget(t, budget[k], cfg.sink_tokens, dense)
+                out.append((f"duo@top{k}", base,
+                            lambda w=w: sliding_sink(base, w, cfg.sink_tokens, cfg.dense_heads)))
             for b, m in others.items():
                 out.append((f"{b}@top{k}", m, lambda m=m, k=k: set_top_k(m, k)))
             for b, rule in (("kmeans", kmeans_rule), ("oracle", oracle_rule)):
@@ -149,7 +160,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         if name.startswith("top") or "@" in name:
             k = int(name.split("top")[-1])
             row["budget_pairs_kept"] = budget[k]
-            if name.startswith("sliding"):
+            if name.startswith(("sliding", "duo")):
                 row["window"] = base.config._focus_sliding[0]
         for key, inputs in tests.items():
             desc = f"T={t} {name} {key}"
@@ -166,6 +177,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                 row["repeat_ppl"] = repeat_copy_ppl(m, inputs, desc=desc, progress=progress)["ppl"]
         return row
 
+    dense = len(cfg.dense_heads) / (len(routers(focus)) * kv_heads(focus))  # share of heads served dense
     rows, recall_rows = [], []
     for t in lengths:
         budget = {}
@@ -179,11 +191,14 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         if recall_windows:
             sliding = {f"sliding@top{k}": window_for_budget(t, budget[k], cfg.sink_tokens) for k in top_ks} \
                 if "sliding" in baselines else None
+            duo = {f"duo@top{k}": window_for_budget(t, budget[k], cfg.sink_tokens, dense) for k in top_ks} \
+                if "duo" in baselines and cfg.dense_heads else None
             for split in val:
                 set_top_k(focus, None)
                 rec = measure_recall(focus, eval_windows(val[split], t, recall_windows), top_ks=top_ks,
                                      others=others, sliding=sliding, kmeans="kmeans" in baselines,
-                                     oracle="oracle" in baselines, desc=f"T={t} recall {split}", progress=progress)
+                                     oracle="oracle" in baselines, duo=duo, desc=f"T={t} recall {split}",
+                                     progress=progress)
                 recall_rows.append({"T": t, "split": split, **rec})
                 for name, m in rec["overall"]["masks"].items():
                     dropped.setdefault(name, {})[split] = m["dropped_distant"]

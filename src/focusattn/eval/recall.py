@@ -45,11 +45,13 @@ def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -
 @torch.no_grad()
 def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | None = None,
                    sliding: dict[str, int] | None = None, kmeans: bool = True, oracle: bool = True,
-                   desc: str = "recall", progress: bool = True, roles: tuple[int, ...] = ()) -> dict:
+                   desc: str = "recall", progress: bool = True, roles: tuple[int, ...] = (),
+                   duo: dict[str, int] | None = None) -> dict:
     """Recall of every mask on ``windows`` [N, T] (one prefill each) through composed model ``focus``.
 
     ``others``: name -> another composed model whose routers give ``<name>@top{k}``; ``sliding``: mask name ->
-    window (distant keys within it kept); ``roles``: key top-ks served with query top-1 (``top1key{k}`` and its
+    window (distant keys within it kept); ``duo``: the same for windows on the routed heads beside the dense ones
+    (``duo@top{k}``, DuoAttention-style); ``roles``: key top-ks served with query top-1 (``top1key{k}`` and its
     oracle). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
     :func:`..kernels.recall.summarize_recall` for the fields."""
     from ..hf import focus_config, routers
@@ -78,8 +80,14 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
             masks[f"top1key{kk}"] = served_keep(own[layer], h, 1, kk)
             if oracle:
                 oracle_of.append(f"top1key{kk}")
+        dense = None
+        if cfg.dense_kv_heads(layer):  # their query heads keep every pair under every served mask
+            dense = torch.zeros(k.shape[1], dtype=torch.bool)
+            dense[list(cfg.dense_kv_heads(layer))] = True
+            dense = dense.repeat_interleave(q.shape[1] // k.shape[1])
         s = R.layer_recall(q, k, masks, window=cfg.window, sink=cfg.sink_tokens, oracle_of=tuple(oracle_of),
-                           windows=sliding, scale=scale, softcap=softcap)
+                           windows={**(sliding or {}), **(duo or {})}, scale=scale, softcap=softcap, dense=dense,
+                           dense_windows=tuple(duo or ()))
         totals[layer] = R.add_recall(totals[layer], s)
 
     device = next(focus.parameters()).device

@@ -1,6 +1,8 @@
 """Focus attention given a layer's routing: soft gate while training routers, hard top-k mask at inference."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..kernels.api import focus_attention
@@ -31,14 +33,20 @@ def attend(
     allowed: torch.Tensor | None = None,
     key_padding_mask: torch.Tensor | None = None,
     group_index=None,
+    dense_kv: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Returns ``[B, Hq, Tq, D]``. ``routing`` covers all ``Tk`` keys (queries are the last ``Tq`` of them).
 
     ``allowed``: the host model's own bool mask (causal/padding/sliding window) broadcastable to [B, H, Tq, Tk], or
     None when it is plain causal (hard routing then runs the sparse kernels); ``key_padding_mask`` [B, Tk] lets the
     sparse kernels handle padding without one; ``group_index`` (a ``kernels.GroupIndex`` over the keys) lets a
-    decode step skip scanning every key's groups.
+    decode step skip scanning every key's groups. ``dense_kv``: key/value heads served with full causal attention
+    (``FocusConfig.dense_heads`` of this layer): their query heads get a window covering every key, one kernel call
+    beside the routed heads' one.
     """
+    if dense_kv:
+        return _split_heads(q, k, v, routing, cfg, dense_kv, scale=scale, softcap=softcap, allowed=allowed,
+                            key_padding_mask=key_padding_mask, group_index=group_index)
     sink = served_sinks(routing, cfg, k.shape[2], key_padding_mask, q.device)
     if routing.membership is None:  # soft: every pair kept, distant ones gated by group affinity
         if key_padding_mask is not None and allowed is None:
@@ -53,3 +61,22 @@ def attend(
     return focus_attention(q, k, v, routing.membership, cfg.window, sink=sink, scale=scale,  # hard
                            softcap=softcap, key_padding_mask=key_padding_mask, allowed=allowed, backend=cfg.backend,
                            group_index=group_index, query_membership=routing.query_membership)
+
+
+def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Tensor:
+    """Dense key/value heads (and their query heads) with a window covering every key, the rest routed."""
+    b, hq, tq, _ = q.shape
+    hkv, g = k.shape[1], q.shape[1] // k.shape[1]
+    dense = torch.zeros(hkv, dtype=torch.bool)
+    dense[list(dense_kv)] = True
+    out = q.new_empty(b, hq, tq, v.shape[-1])
+    full = dataclasses.replace(cfg, window=max(cfg.window, k.shape[2]))
+    for part, c in ((dense, full), (~dense, cfg)):
+        kv = part.nonzero().flatten()
+        if kv.numel() == 0:
+            continue
+        qh = (kv[:, None] * g + torch.arange(g)).flatten()
+        kv, qh = kv.to(q.device), qh.to(q.device)
+        a = allowed if allowed is None or allowed.shape[1] == 1 else allowed[:, qh]
+        out[:, qh] = attend(q[:, qh], k[:, kv], v[:, kv], routing, c, allowed=a, **kw)
+    return out

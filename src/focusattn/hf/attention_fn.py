@@ -67,11 +67,12 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
                                       **kwargs)
     routing, index, cfg = call.routing, call.group_index, router.cfg
+    dense_kv = cfg.dense_kv_heads(getattr(module, "focus_layer", -1))
     if call.trimmed:
         cfg = dataclasses.replace(cfg, sink_tokens=0)
     out = attend(query, key, value, routing, cfg, scale=scaling, softcap=softcap,
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
-                 key_padding_mask=kpm, group_index=index)
+                 key_padding_mask=kpm, group_index=index, dense_kv=dense_kv)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -16,6 +16,7 @@ from .specs import attention_modules
 
 ROUTER = "focus_router"
 CACHE = "focus_cache"  # the layer's focus.cache.RoutingCache (a plain attribute: no parameters, not saved)
+LAYER = "focus_layer"  # the layer's index (a plain attribute): which of FocusConfig.dense_heads are its own
 
 
 @dataclass
@@ -99,16 +100,36 @@ def freeze(model) -> dict[str, bool]:
     return before
 
 
+def kv_heads(model) -> int:
+    c = model.config
+    return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+
+
+def dense_share(model, layer: int) -> float:
+    """The share of ``layer``'s heads served dense (``FocusConfig.dense_heads``): they keep every causal pair."""
+    return len(focus_config(model).dense_kv_heads(layer)) / kv_heads(model)
+
+
+def check_dense_heads(model, cfg: FocusConfig, n_layers: int) -> None:
+    """Every ``cfg.dense_heads`` pair names a layer and a key/value head of this model, else a ValueError."""
+    hkv = kv_heads(model)
+    bad = [p for p in cfg.dense_heads if p[0] >= n_layers or p[1] >= hkv]
+    if bad:
+        raise ValueError(f"dense_heads {bad} out of range: allowed (layer, kv_head) with layer in 0..{n_layers - 1} "
+                         f"and kv_head in 0..{hkv - 1} for this model")
+
+
 def compose(model, cfg: FocusConfig | None = None):
     """Add a router to every attention layer, freeze every original weight, switch attention to Focus. In place."""
     cfg = cfg or FocusConfig()
     check_bare(model)
     modules = attention_modules(model)  # raises for unsupported architectures
+    check_dense_heads(model, cfg, len(modules))
     attention_fn.register()
     frozen = freeze(model)
     ref = next(model.parameters())
     state = FocusState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
-    for m in modules:
+    for i, m in enumerate(modules):
         router = FocusRouter(model.config.hidden_size, cfg).to(device=ref.device, dtype=torch.float32)
         # add_module leaves a new module in training mode whatever its parent's mode: a router in training mode
         # updates its causal offsets on every forward, so it must start in the host model's mode (later
@@ -116,6 +137,7 @@ def compose(model, cfg: FocusConfig | None = None):
         router.train(model.training)
         m.add_module(ROUTER, router)
         setattr(m, CACHE, RoutingCache())
+        setattr(m, LAYER, i)
         state.hooks.append(m.register_forward_pre_hook(_stash_hidden, with_kwargs=True))
     state.generation_modes = model.__dict__.get("_supported_generation_modes", _MISSING)
     model._supported_generation_modes = _generation_modes()  # beam search etc.: a clear error, not a wrong answer
@@ -138,6 +160,7 @@ def unload(model):
     for m in attention_modules(model):
         delattr(m, ROUTER)
         delattr(m, CACHE)
+        delattr(m, LAYER)
     model.set_attn_implementation(state.original_impl)
     for n, p in model.named_parameters():
         p.requires_grad_(state.requires_grad.get(n, True))
@@ -179,7 +202,9 @@ def update_config(model, **changes) -> FocusConfig:
     fixed = {"num_groups", "group_dim", "query_proj"} & set(changes)
     if fixed:
         raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
-    state.cfg = dataclasses.replace(state.cfg, **changes)
+    new = dataclasses.replace(state.cfg, **changes)
+    check_dense_heads(model, new, len(routers(model)))
+    state.cfg = new
     for r, c in zip(routers(model), routing_caches(model)):
         r.cfg = state.cfg
         c.reset()  # cached routing was computed under the old config

@@ -20,17 +20,25 @@ class Pair:
 
 
 def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = None,
-              rebalance: int | None = None, rebalance_warm: bool | None = None) -> Pair:
-    """``rebalance`` / ``rebalance_warm``: override the adapter's ``FocusConfig.rebalance`` / ``rebalance_warm``
-    (inference-time choices, no retraining)."""
+              rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None) -> Pair:
+    """``rebalance`` / ``rebalance_warm`` / ``dense_heads``: override the adapter's ``FocusConfig.rebalance`` /
+    ``rebalance_warm`` / ``dense_heads`` (inference-time choices, no retraining). ``dense_heads``: a ``--dense-heads``
+    spec (:func:`.heads.parse_dense_heads`; ``induction:N`` is measured on the loaded model) or (layer, kv_head)
+    pairs; None keeps the adapter's."""
     from ..adapters import resolve
     from .io import load_adapter, read_adapter_config
     from .loading import load_model
 
+    from .heads import induction_heads, parse_dense_heads
+
+    if isinstance(dense_heads, str):
+        dense_heads = parse_dense_heads(dense_heads)
     adapter_dir = resolve(adapter)
     cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
     over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
                               ("rebalance_warm", rebalance_warm)) if v is not None}
+    if dense_heads is not None and not isinstance(dense_heads, int):
+        over["dense_heads"] = dense_heads
     if over:
         cfg = FocusConfig.from_dict({**cfg.to_dict(), **over})  # validated before loading
     if (cfg.key_top_k is not None or cfg.query_proj) and [int(k) for k in top_ks] != [1]:
@@ -50,9 +58,11 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
         raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
     focus, _ = load_model(model)
     load_adapter(focus, adapter_dir)
+    if isinstance(dense_heads, int):  # induction:N, measured on this model
+        over["dense_heads"] = induction_heads(focus, dense_heads)
     if over:
         from .compose import update_config
 
-        update_config(focus, **over)
+        cfg = update_config(focus, **over)  # also checks dense_heads against the model
     focus.eval()
     return Pair(base, focus, tok, cfg, adapter_dir, lengths)

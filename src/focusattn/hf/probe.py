@@ -75,6 +75,7 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
     keep = rule(layer, module, h, query, key, scaling, softcap)
     cfg = module.focus_router.cfg
     b, hq, t, _ = query.shape
+    dense = _dense_query_heads(cfg, layer, hq, key.shape[1], query.device)  # they keep every pair
     allowed = _model_allowed(attention_mask, t)
     out = torch.empty(b, hq, t, value.shape[-1], dtype=torch.float32, device=query.device)
     vv = expand_kv(value, hq).float()
@@ -83,12 +84,22 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
         p = recall.causal_probs(query, key, r0, r1, scale=scaling, softcap=softcap)
         local, sinks, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, query.device)
         ok = (local | sinks)[None] | (keep(r0, r1, p) & distant)
-        ok = ok[:, None]
+        ok = ok[:, None] if dense is None else ok[:, None] | dense[None, :, None, None]
         if allowed is not None:
             ok = ok & allowed[..., r0:r1, :]
         p = p * ok  # renormalising the full softmax over the kept keys = the softmax over the kept keys
         out[:, :, r0:r1] = (p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)) @ vv
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _dense_query_heads(cfg, layer: int, hq: int, hkv: int, device) -> torch.Tensor | None:
+    """bool [Hq]: the query heads of ``layer``'s dense key/value heads (``FocusConfig.dense_heads``), or None."""
+    kv = cfg.dense_kv_heads(layer)
+    if not kv:
+        return None
+    dense = torch.zeros(hkv, dtype=torch.bool, device=device)
+    dense[list(kv)] = True
+    return dense.repeat_interleave(hq // hkv)
 
 
 def _register() -> None:
@@ -139,12 +150,15 @@ def oracle_rule(top_k: int) -> RuleFn:
 
         cfg = module.focus_router.cfg
         served = recall.shared_group_keep(topk_membership(module.focus_router(h).groups, top_k))
+        dense = _dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
 
         def keep(r0, r1, probs=None):
             t = k.shape[2]
             _, _, distant = recall.pair_kinds(r0, r1, t, cfg.window, cfg.sink_tokens, q.device)
             if probs is None:
                 probs = recall.causal_probs(q, k, r0, r1, scale=scale, softcap=softcap)
+            if dense is not None and not dense.all():  # ranked by the routed heads (the dense ones keep all)
+                probs = probs[:, ~dense]
             return recall.oracle_keep(probs.mean(1), distant, (served(r0, r1) & distant).sum(-1))
 
         return keep

@@ -72,13 +72,17 @@ def shared_group_keep(membership_q: torch.Tensor, membership_k: torch.Tensor | N
 
 def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, window: int, sink: int,
                  oracle_of: tuple[str, ...] = (), windows: dict[str, int] | None = None, scale: float | None = None,
-                 softcap: float | None = None, rows: int = ROWS) -> dict:
+                 softcap: float | None = None, rows: int = ROWS, dense: torch.Tensor | None = None,
+                 dense_windows: tuple[str, ...] = ()) -> dict:
     """Mass sums of one layer on one batch of prefills: ``{"queries": n, "mass": {kind: [Hq]}, "kept": {name: [Hq]},
     "keys": {name: distant keys kept, summed over queries}, "distant_keys": total}``. Sums, so batches and windows
     add up; :func:`summarize_recall` turns them into shares.
 
     ``masks``: named :data:`KeepFn` over distant pairs; ``windows``: named sliding windows (a distant key ``j`` is
     kept iff ``i - j <= w``); ``oracle_of``: mask names whose per-query budget the oracle ``oracle@<name>`` matches.
+    ``dense``: bool [Hq], query heads served with every pair (dense heads): every mask but the sliding windows keeps
+    all their distant mass, and the oracle ranks keys by the other heads' mean probability; ``dense_windows``: the
+    windows that keep them too (streaming heads beside the dense ones, DuoAttention-style).
     """
     b, hq, t, _ = q.shape
     windows = windows or {}
@@ -95,7 +99,8 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
         for kind, m in (("local", local), ("sink", sinks), ("distant", distant)):
             mass[kind] += hsum(p * m)
         distant_keys += int(distant.sum()) * b
-        pbar = p.mean(1)
+        pbar = p.mean(1) if dense is None or not dense.any() or dense.all() else p[:, ~dense.to(p.device)].mean(1)
+        pd = hsum(p * distant)
         d_rel = relative_distance(t, t, q.device)[r0:r1]
         chosen = {}
         for n, fn in masks.items():
@@ -105,7 +110,9 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
         for n in oracle_of:
             chosen[f"oracle@{n}"] = oracle_keep(pbar, distant, chosen[n].sum(-1))
         for n, keep in chosen.items():
-            kept[n] += hsum(p * keep[:, None])
+            kk = hsum(p * keep[:, None])
+            skip = dense is None or (n in windows and n not in dense_windows)
+            kept[n] += kk if skip else torch.where(dense.cpu(), pd, kk)
             keys[n] += int(keep.sum())
     return {"queries": b * t, "heads": hq, "mass": mass, "kept": kept, "keys": keys, "distant_keys": distant_keys}
 
