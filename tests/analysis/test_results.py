@@ -62,3 +62,15 @@ def test_pareto_changes_are_against_the_original_of_the_same_run():
 
     text = render_pareto([doc("runs/a/adapter", 10.0, 11.0), doc("runs/b/adapter", 20.0, 21.0)], [])
     assert "11.00 (+10.0%)" in text and "21.00 (+5.0%)" in text  # not 21 vs the first run's 10 (+110%)
+
+
+def test_dense_heads_section_renders_the_sweep(tmp_path):
+    q = lambda p, r, k: {"ppl_a": p, "ppl_b": p + 1, "repeat_ppl": r, "passkey": k}  # noqa: E731
+    doc = {"command": "python scripts/dense_heads_sweep.py --out x", "adapter": "runs/a/adapter", "T": 2048,
+           "corpora": ["a", "b"], "filler": "b", "original": q(10.0, 1.5, 1.0),
+           "rows": [{"heads": 6, "pairs_kept": 0.3, "top1": q(10.5, 3.0, 0.33),
+                     "duo": {"window": 500, **q(11.0, 2.0, 0.67)}}]}
+    (tmp_path / "dense_heads_sweep.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "### Dense heads: how many" in text and "duo (window 500)" in text and "dense_heads_sweep.py --out x" in text
+    assert "| 6 | 30.0% | top-1 | 10.50 (+5.0%) | 11.50 (+4.5%) | 3.00 | 0.33 |" in text

@@ -95,6 +95,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if (d / "warm_rebalance_probe.json").exists():
         parts += ["### Warm-started online rebalancing (`FocusConfig.rebalance_warm`)\n", warm_rebalance_markdown(
             _load(d / "warm_rebalance_probe.json")), ""]
+    if (d / "dense_heads_sweep.json").exists():
+        parts += ["### Dense heads: how many (`FocusConfig.dense_heads`)\n", dense_heads_markdown(
+            _load(d / "dense_heads_sweep.json")), ""]
     for bp, b in zip(bench_paths, bench_docs):  # each JSON's plot sits beside it under the same name
         png = bp.with_suffix(".png")
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
@@ -339,6 +342,30 @@ def warm_rebalance_markdown(doc: dict) -> str:
                      f"{w['max_group_cost_vs_balanced']:.2f} | {c['max_largest_share']:.2f} / "
                      f"{w['max_largest_share']:.2f} | {c['mean_cost_model_ratio']:.2f}× / "
                      f"{w['mean_cost_model_ratio']:.2f}× |")
+    return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
+
+
+def dense_heads_markdown(doc: dict) -> str:
+    """``scripts/dense_heads_sweep.py``: top-1 with the N strongest induction heads dense, and the DuoAttention-style
+    baseline (the same heads dense, window + sink elsewhere) at the same share of causal pairs."""
+    orig, corpora = doc["original"], doc["corpora"]
+
+    def cells(q: dict) -> list[str]:
+        out = [f"{q[f'ppl_{c}']:.2f} ({100 * (q[f'ppl_{c}'] / orig[f'ppl_{c}'] - 1):+.1f}%)" for c in corpora]
+        return out + [f"{q['repeat_ppl']:.2f}", f"{q['passkey']:.2f}"]
+
+    head = ["dense heads", "pairs kept", "mask"] + [f"ppl {c}" for c in corpora] + ["repeat-copy ppl", "passkey"]
+    lines = [f"Adapter `{doc['adapter']}` at top-1, T = {doc['T']}; the N key/value heads of highest induction score "
+             "(attention on the token after the earlier occurrence, repeated random tokens; no corpus) served dense. "
+             f"`duo`: the same dense heads, window + first token on the other heads, at the same share of causal "
+             f"pairs. Repeat-copy and passkey filler: {doc['filler']}; perplexity on held-out windows.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+             "| — | 100% | original | " + " | ".join(f"{orig[f'ppl_{c}']:.2f}" for c in corpora)
+             + f" | {orig['repeat_ppl']:.2f} | {orig['passkey']:.2f} |"]
+    for r in doc["rows"]:
+        n, kept = r["heads"], f"{100 * r['pairs_kept']:.1f}%"
+        lines.append(f"| {n} | {kept} | top-1 | " + " | ".join(cells(r["top1"])) + " |")
+        lines.append(f"| {n} | {kept} | duo (window {r['duo']['window']}) | " + " | ".join(cells(r["duo"])) + " |")
     return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
 
 
