@@ -67,3 +67,23 @@ def test_ship_adapter_gives_both_commands_of_a_continued_run(tmp_path):
     first_cmd = json.loads((first / "summary.json").read_text())["command"]
     assert f"First: `{first_cmd}`" in card and s["command"] in card
     assert "distilled from the original model" in card and "25% of the windows" in card
+
+
+def test_derive_adapter_ships_the_same_routers_with_dense_heads(tmp_path, tiny_dir):
+    from focusattn.analysis.model_card import derive_adapter
+    from focusattn.hf.io import read_adapter_config
+
+    model_dir = str(tiny_dir / "model")
+    m, _ = fa.load_model(model_dir)
+    src = fa.save_adapter(fa.compose(m, fa.FocusConfig(num_groups=4, window=4)), tmp_path / "src")
+    out = derive_adapter(str(src), "tiny-heads1", dense_heads="induction:1", model=model_dir, dest=tmp_path / "pkg")
+    cfg = read_adapter_config(out)
+    assert len(cfg["focus_config"]["dense_heads"]) == 1
+    assert cfg["weights_sha256"] == read_adapter_config(src)["weights_sha256"]  # the same tensors
+    card = (out / "README.md").read_text()
+    assert f"The routers of `{src}`" in card and "--dense-heads induction:1" in card
+    named = derive_adapter(str(src), "tiny-named", dense_heads="1:0", model=model_dir, dest=tmp_path / "pkg")
+    assert read_adapter_config(named)["focus_config"]["dense_heads"] == [[1, 0]]
+    with pytest.raises(ValueError, match="dense_heads"):
+        derive_adapter(str(src), "bad", dense_heads="9:0", model=model_dir, dest=tmp_path / "pkg")
+    assert not (tmp_path / "pkg" / "bad").exists()

@@ -61,8 +61,13 @@ def _collapse(a) -> int:
 
 
 def _ship(a) -> int:
-    from .model_card import ship_adapter
+    from .model_card import derive_adapter, ship_adapter
 
+    if a.dense_heads is not None:
+        out = derive_adapter(a.run, a.name, dense_heads=a.dense_heads, long_eval=a.long_eval,
+                             model_bench=a.model_bench)
+        print(f"wrote {out} (adapter + README.md model card)")
+        return 0
     out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench, rebalance=a.rebalance,
                        first_phase=a.first_phase)
     print(f"wrote {out} (adapter + README.md model card)")
@@ -125,7 +130,8 @@ def register(sub) -> None:
 
     s = sub.add_parser("ship-adapter", help="copy a run's adapter into the package (focusattn/adapters/NAME) with a "
                        "model card, so fa.load_adapter(model, NAME) finds it", formatter_class=fmt)
-    s.add_argument("run", help="a `focusattn retrofit --out` folder")
+    s.add_argument("run", help="a `focusattn retrofit --out` folder (with --dense-heads: any adapter, e.g. a shipped "
+                   "one's name)")
     s.add_argument("--name", required=True, help="e.g. smollm2-135m-focus-k8")
     s.add_argument("--long-eval", default=None, help="long_eval.json of this adapter (`focusattn long-eval`)")
     s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
@@ -133,6 +139,9 @@ def register(sub) -> None:
                    help="ship with this online-rebalancing interval in tokens (inference setting; 0 = off)")
     s.add_argument("--first-phase", default=None,
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
+    s.add_argument("--dense-heads", default=None,
+                   help="ship the adapter RUN's routers served with these dense heads (FocusConfig.dense_heads): "
+                        "'induction:N' (measured on the model) or 'layer:kv_head,...'")
     s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",

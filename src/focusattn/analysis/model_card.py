@@ -100,3 +100,55 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "smollm2-135m", long_eval=None,
+                   model_bench=None, dest: Path | None = None) -> Path:
+    """Ship the routers of adapter ``source`` (a shipped name or an adapter folder) served with ``dense_heads`` (a
+    ``--dense-heads`` spec; ``induction:N`` is measured on ``model``): the same tensors, a config with the dense
+    heads, and a card that points at ``source``'s for the training and gives this one's measured tables."""
+    import torch
+
+    from ..adapters import resolve
+    from ..hf import load_adapter, load_model, save_adapter, update_config
+    from ..hf.heads import induction_heads, parse_dense_heads
+
+    spec = parse_dense_heads(dense_heads)
+    if not name or "/" in name or name.startswith("."):
+        raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8-heads6")
+    src = resolve(source)
+    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    m, _ = load_model(model)
+    load_adapter(m, src)
+    with torch.no_grad():
+        heads = induction_heads(m.eval(), spec) if isinstance(spec, int) else spec
+    cfg = update_config(m, dense_heads=heads)
+    out = (dest or HERE) / name
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(m, tmp)
+    listed = ", ".join(f"{a}:{b}" for a, b in cfg.dense_heads)
+    chosen = (f"the {spec} key/value heads of highest induction score (`--dense-heads {dense_heads}`: attention on "
+              "the token after the earlier occurrence of the current token, on repeated random tokens)"
+              if isinstance(spec, int) else f"the key/value heads `{listed}`")
+    lines = [f"# {name}", "",
+             f"The routers of `{source}` (same tensors; how they were trained: its model card), served with "
+             f"{len(cfg.dense_heads)} dense heads: {chosen}, layer:head `{listed}`. Those heads keep full causal "
+             "attention, the rest of each layer the routed mask (`FocusConfig.dense_heads`, docs/DESIGN.md "
+             "\"Dense heads\").", "",
+             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{model}")',
+             f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
+             "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} --dense-heads {dense_heads}"
+             + (f" --long-eval {long_eval}" if long_eval else "") + (f" --model-bench {model_bench}" if model_bench
+                                                                     else "") + "`"]
+    if le is not None:
+        lines += ["", "## Long context: quality against the original model and baselines", "",
+                  render_pareto([le], [mb] if mb else [])]
+    if mb is not None:
+        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
+    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
