@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads python-docs
 
 setup: $(STAMP)
 
@@ -290,4 +290,32 @@ routing: $(STAMP) python-docs
 	cp $(ROUTE)/le_g2w_train/long_eval.json docs/results/long_eval_attention_g2w.json
 	$(PY) scripts/warm_rebalance_probe.py --adapters $(ROUTE)/g2/adapter smollm2-135m-focus-k8 \
 		--corpora shakespeare lee-news python-code --length 4096 --out docs/results/warm_rebalance_probe.json
+	$(MAKE) results
+
+# Dense induction heads (FocusConfig.dense_heads): the 6 KV heads of highest induction score served dense beside
+# the routed ones, for the attention-objective adapter (G2, from `make routing`) and the shipped k8 routers; how many
+# heads (the sweep), the duo baseline, 2048 and 8192, whole-model speed. ~2.5 h on 2 cores.
+G2 ?= $(ROUTE)/g2/adapter
+HEADS := --dense-heads induction:6
+dense-heads: $(STAMP)
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) $(LE_FLAGS) \
+		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+		--out $(ROUTE)/le_g2wd6_2k
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) --lengths 8192 --passkey-per-depth 1 \
+		--repeat-n 1 --no-soft --baselines sliding,duo --variants original,top1,sliding@top1,duo@top1 --threads 1 \
+		--out $(ROUTE)/le_g2wd6_8k
+	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 0 2 4 6 8 10 14 \
+		--out docs/results/dense_heads_sweep.json
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(HEADS) $(LE_FLAGS) --baselines sliding,duo,oracle \
+		--variants original,top1,sliding@top1,duo@top1,oracle@top1 --out $(ROUTE)/le_k8h6_2k
+	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(HEADS) --lengths 2048 8192 --top-k 1 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wd6
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(HEADS) --lengths 2048 8192 --top-k 1 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_k8h6
+	cp $(ROUTE)/le_g2wd6_2k/long_eval.json docs/results/long_eval_attention_g2_warm_heads6.json
+	cp $(ROUTE)/le_g2wd6_8k/long_eval.json docs/results/long_eval_attention_g2_warm_heads6_8k.json
+	cp $(ROUTE)/le_k8h6_2k/long_eval.json docs/results/long_eval_k8_heads6.json
+	for b in bm_g2wd6:model_bench_attention_g2_warm_heads6 bm_k8h6:model_bench_k8_heads6; do \
+		cp $(ROUTE)/$${b%%:*}/model_bench.json docs/results/$${b#*:}.json; \
+		cp $(ROUTE)/$${b%%:*}/model_bench.png docs/results/$${b#*:}.png; done
 	$(MAKE) results

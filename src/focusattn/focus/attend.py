@@ -64,19 +64,36 @@ def attend(
 
 
 def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Tensor:
-    """Dense key/value heads (and their query heads) with a window covering every key, the rest routed."""
-    b, hq, tq, _ = q.shape
+    """The query heads of the dense key/value heads with a window covering every key, the others routed. A prefill
+    splits the heads into two calls (gathering the heads costs little beside the attention). A decode step routes
+    every head and replaces the dense heads' rows by calls on *views*, one per run of adjacent dense heads: gathering
+    heads would copy the KV cache every step (measured at 8192 cached tokens: 3x slower per layer)."""
     hkv, g = k.shape[1], q.shape[1] // k.shape[1]
-    dense = torch.zeros(hkv, dtype=torch.bool)
-    dense[list(dense_kv)] = True
-    out = q.new_empty(b, hq, tq, v.shape[-1])
     full = dataclasses.replace(cfg, window=max(cfg.window, k.shape[2]))
-    for part, c in ((dense, full), (~dense, cfg)):
-        kv = part.nonzero().flatten()
-        if kv.numel() == 0:
-            continue
-        qh = (kv[:, None] * g + torch.arange(g)).flatten()
-        kv, qh = kv.to(q.device), qh.to(q.device)
+    heads = sorted(set(dense_kv))
+
+    def call(qh, kv, c):
         a = allowed if allowed is None or allowed.shape[1] == 1 else allowed[:, qh]
-        out[:, qh] = attend(q[:, qh], k[:, kv], v[:, kv], routing, c, allowed=a, **kw)
-    return out
+        return attend(q[:, qh], k[:, kv], v[:, kv], routing, c, allowed=a, **kw)
+
+    if q.shape[2] == k.shape[2] or len(heads) == hkv:
+        dense = torch.zeros(hkv, dtype=torch.bool)
+        dense[heads] = True
+        out = q.new_empty(q.shape[:3] + v.shape[-1:])
+        for part, c in ((dense, full), (~dense, cfg)):
+            kv = part.nonzero().flatten()
+            if kv.numel():
+                qh = (kv[:, None] * g + torch.arange(g)).flatten().to(q.device)
+                out[:, qh] = call(qh, kv.to(q.device), c)
+        return out
+    runs = []
+    for h in heads:
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + 1
+        else:
+            runs.append([h, h + 1])
+    routed, pieces, at = attend(q, k, v, routing, cfg, allowed=allowed, **kw), [], 0
+    for h0, h1 in runs:
+        pieces += [routed[:, at:h0 * g], call(slice(h0 * g, h1 * g), slice(h0, h1), full)]
+        at = h1 * g
+    return torch.cat(pieces + [routed[:, at:]], 1)
