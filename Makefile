@@ -306,8 +306,9 @@ dense-heads: $(STAMP)
 		--out $(ROUTE)/le_g2wd6_8k
 	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 0 2 4 6 8 10 14 \
 		--out docs/results/dense_heads_sweep.json
-	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(HEADS) $(LE_FLAGS) --baselines sliding,duo,oracle \
-		--variants original,top1,sliding@top1,duo@top1,oracle@top1 --out $(ROUTE)/le_k8h6_2k
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(HEADS) $(LE_FLAGS) \
+		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+		--out $(ROUTE)/le_k8h6_2k
 	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(HEADS) --lengths 2048 8192 --top-k 1 \
 		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wd6
 	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(HEADS) --lengths 2048 8192 --top-k 1 \

@@ -89,6 +89,38 @@ def tiny_model(name):
     return m.eval()
 
 
+def composed(cfg, arch="llama"):
+    """A tiny model of ``arch`` with Focus routers whose causal offsets count as learned (as after training), so
+    evaluation is causal from the first token; in eval mode."""
+    import focusattn as fa
+
+    m = tiny_model(arch)
+    fa.compose(m, cfg)
+    for r in fa.hf.routers(m):
+        r.offsets_ready.fill_(True)
+    return m.eval()
+
+
+def token_ids(b=1, t=40, seed=1):
+    """Random token ids [b, t] of the tiny models' vocabulary, seeded."""
+    return torch.randint(1, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_round_trip(m, path, arch="llama"):
+    """Save ``m``'s adapter under ``path``, load it into a fresh tiny ``arch`` model, check the logits agree; return
+    the loaded model."""
+    import focusattn as fa
+
+    x = token_ids()
+    with torch.no_grad():
+        want = m(x).logits
+    fa.save_adapter(m, path)
+    loaded = fa.load_adapter(tiny_model(arch), path).eval()
+    with torch.no_grad():
+        assert_close(loaded(x).logits, want, atol=1e-5, name="round trip")
+    return loaded
+
+
 def char_tokenizer():
     """A character-level tokenizer whose ids (0..96) fit the tiny models' vocabulary ``V``: no files, no network."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers

@@ -11,25 +11,21 @@ import focusattn as fa
 from focusattn._errors import InputError
 from focusattn.focus.attend import attend
 from focusattn.focus.router import Routing
-from focusattn.hf import last_routing, routers, save_adapter
+from focusattn.hf import last_routing
 from focusattn.hf.kv import cache_kwargs, output_cache
 from focusattn.kernels.common import sink_key_mask
 from focusattn.kernels.reference import dense_focus_attention, focus_allowed
-from tests.conftest import V, assert_close, focus_case, tiny_model
+from tests.conftest import assert_close, assert_round_trip, composed, focus_case, tiny_model, token_ids
 
 CFG = fa.FocusConfig(num_groups=4, window=3, top_k=1, dense_heads=((0, 1), (1, 0)))
 
 
 def _ids(b=1, t=40, seed=1):
-    return torch.randint(1, V, (b, t), generator=torch.Generator().manual_seed(seed))
+    return token_ids(b, t, seed)
 
 
 def _model(cfg=CFG, arch="llama"):
-    m = tiny_model(arch)
-    fa.compose(m, cfg)
-    for r in routers(m):  # offsets learned (as after training), so evaluation is causal from the first token
-        r.offsets_ready.fill_(True)
-    return m.eval()
+    return composed(cfg, arch)
 
 
 @pytest.mark.parametrize("backend", ["dense", "decomposed", "auto"])
@@ -128,15 +124,8 @@ def test_compose_and_update_refuse_heads_the_model_lacks():
 
 
 def test_adapter_round_trips_dense_heads(tmp_path):
-    m = _model()
-    x = _ids()
-    with torch.no_grad():
-        want = m(x).logits
-    save_adapter(m, tmp_path / "a")
-    loaded = fa.load_adapter(tiny_model("llama"), tmp_path / "a").eval()
+    loaded = assert_round_trip(_model(), tmp_path / "a")
     assert fa.hf.focus_config(loaded).dense_heads == CFG.dense_heads
-    with torch.no_grad():
-        assert_close(loaded(x).logits, want, atol=1e-5)
 
 
 def test_pairs_kept_counts_dense_heads_whole():

@@ -7,24 +7,20 @@ import torch
 
 import focusattn as fa
 from focusattn.focus.router import FocusRouter
-from focusattn.hf import last_routing, routers, save_adapter
+from focusattn.hf import last_routing
 from focusattn.hf.kv import cache_kwargs, output_cache
 from focusattn.kernels.reference import focus_allowed
-from tests.conftest import V, tiny_model
+from tests.conftest import assert_round_trip, composed, tiny_model, token_ids
 
 CFG = fa.FocusConfig(num_groups=4, window=3, top_k=1, key_top_k=2)
 
 
 def _ids(b=1, t=40, seed=1):
-    return torch.randint(1, V, (b, t), generator=torch.Generator().manual_seed(seed))
+    return token_ids(b, t, seed)
 
 
 def _model(cfg=CFG, arch="llama"):
-    m = tiny_model(arch)
-    fa.compose(m, cfg)
-    for r in routers(m):  # offsets learned (as after training), so evaluation is causal from the first token
-        r.offsets_ready.fill_(True)
-    return m.eval()
+    return composed(cfg, arch)
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -129,15 +125,8 @@ def test_generate_equals_full_recompute(backend):
 
 
 def test_adapter_round_trips_roles_and_refuses_a_symmetric_model(tmp_path):
-    m = _model()
-    x = _ids()
-    with torch.no_grad():
-        want = m(x).logits
-    save_adapter(m, tmp_path / "a")
-    loaded = fa.load_adapter(tiny_model("llama"), tmp_path / "a").eval()
+    loaded = assert_round_trip(_model(), tmp_path / "a")
     assert fa.hf.focus_config(loaded).key_top_k == 2
-    with torch.no_grad():
-        assert torch.allclose(loaded(x).logits, want, atol=1e-5)
     symmetric = tiny_model("llama")
     fa.compose(symmetric, dataclasses.replace(CFG, key_top_k=None))
     with pytest.raises(ValueError, match="key_top_k=2"):

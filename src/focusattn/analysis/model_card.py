@@ -23,6 +23,20 @@ def _need(path: Path, made_by: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | None) -> Path:
+    """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
+    if le is not None:
+        lines += ["", "## Long context: quality against the original model and baselines", "",
+                  render_pareto([le], [mb] if mb else [])]
+    if mb is not None:
+        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
+    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
 def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,
                  rebalance: int | None = None, first_phase=None) -> Path:
     """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder.
@@ -90,16 +104,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
               f"gate sharpness lambda = {cfg.get('lam_final') or cfg['focus']['lam']} at the end; {minutes:.0f} min "
               f"on 2 CPU cores in all.{served}",
               "", "## Perplexity at the training length", "", retrofit_table(summary)]
-    if le is not None:
-        lines += ["", "## Long context: quality against the original model and baselines", "",
-                  render_pareto([le], [mb] if mb else [])]
-    if mb is not None:
-        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
-    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    return _finish(tmp, out, lines, le, mb)
 
 
 def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "smollm2-135m", long_eval=None,
@@ -142,13 +147,4 @@ def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "sm
              "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} --dense-heads {dense_heads}"
              + (f" --long-eval {long_eval}" if long_eval else "") + (f" --model-bench {model_bench}" if model_bench
                                                                      else "") + "`"]
-    if le is not None:
-        lines += ["", "## Long context: quality against the original model and baselines", "",
-                  render_pareto([le], [mb] if mb else [])]
-    if mb is not None:
-        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
-    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    return _finish(tmp, out, lines, le, mb)
