@@ -27,9 +27,8 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
     pairs; None keeps the adapter's."""
     from ..adapters import resolve
     from .io import load_adapter, read_adapter_config
-    from .loading import load_model
-
     from .heads import induction_heads, parse_dense_heads
+    from .loading import load_model
 
     if isinstance(dense_heads, str):
         dense_heads = parse_dense_heads(dense_heads)
@@ -58,7 +57,8 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
         raise ValueError(f"length {lengths[-1]} exceeds the model's {max_pos} positions")
     focus, _ = load_model(model)
     load_adapter(focus, adapter_dir)
-    if isinstance(dense_heads, int):  # induction:N, measured on this model
+    focus.eval()
+    if isinstance(dense_heads, int):  # induction:N, measured on this model (eval mode: no dropout)
         over["dense_heads"] = induction_heads(focus, dense_heads)
     if over:
         from .compose import update_config
