@@ -54,6 +54,7 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
     (``duo@top{k}``, DuoAttention-style); ``roles``: key top-ks served with query top-1 (``top1key{k}`` and its
     oracle). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
     :func:`..kernels.recall.summarize_recall` for the fields."""
+    from ..focus.attend import dense_query_heads
     from ..hf import focus_config, routers
     from ..hf.probe import capture
 
@@ -80,11 +81,7 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
             masks[f"top1key{kk}"] = served_keep(own[layer], h, 1, kk)
             if oracle:
                 oracle_of.append(f"top1key{kk}")
-        dense = None
-        if cfg.dense_kv_heads(layer):  # their query heads keep every pair under every served mask
-            dense = torch.zeros(k.shape[1], dtype=torch.bool)
-            dense[list(cfg.dense_kv_heads(layer))] = True
-            dense = dense.repeat_interleave(q.shape[1] // k.shape[1])
+        dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1])  # they keep every pair under every mask
         s = R.layer_recall(q, k, masks, window=cfg.window, sink=cfg.sink_tokens, oracle_of=tuple(oracle_of),
                            windows={**(sliding or {}), **(duo or {})}, scale=scale, softcap=softcap, dense=dense,
                            dense_windows=tuple(duo or ()))

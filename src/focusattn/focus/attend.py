@@ -12,6 +12,16 @@ from .config import FocusConfig
 from .router import Routing
 
 
+def dense_query_heads(cfg: FocusConfig, layer: int, hq: int, hkv: int, device=None) -> torch.Tensor | None:
+    """bool [Hq]: the query heads of ``layer``'s dense key/value heads (``FocusConfig.dense_heads``), or None."""
+    kv = cfg.dense_kv_heads(layer)
+    if not kv:
+        return None
+    dense = torch.zeros(hkv, dtype=torch.bool, device=device)
+    dense[list(kv)] = True
+    return dense.repeat_interleave(hq // hkv)
+
+
 def served_sinks(routing: Routing, cfg: FocusConfig, tk: int, key_padding_mask=None, device=None):
     """The kernels' ``sink`` argument for this routing: the first ``cfg.sink_tokens`` real tokens (an int), or, when
     the router chose global keys, those and the first tokens as one key mask [B, Tk]."""

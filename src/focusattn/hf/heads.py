@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.recall import causal_probs
 from .probe import capture
 from .specs import attention_modules
 
@@ -27,12 +28,7 @@ def induction_scores(model, *, half: int = 256, seeds: tuple[int, ...] = (0, 1))
     def fn(layer, module, h, q, k, scale, softcap):
         t, hq, hkv = q.shape[2], q.shape[1], k.shape[1]
         rows = torch.arange(half + 1, t, device=q.device)
-        kk = k.repeat_interleave(hq // hkv, 1)
-        s = (q[:, :, rows].float() @ kk.float().transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
-        if softcap is not None:
-            s = softcap * torch.tanh(s / softcap)
-        s = s.masked_fill(torch.arange(t, device=q.device)[None, :] > rows[:, None], float("-inf"))
-        p = s.softmax(-1)
+        p = causal_probs(q, k, half + 1, t, scale=scale, softcap=softcap)  # [B, Hq, rows, T]
         target = p[:, :, torch.arange(len(rows), device=q.device), rows - half + 1].mean((0, 2))  # [Hq]
         got = target.view(hkv, hq // hkv).max(-1).values.cpu()
         scores[layer] = got if scores[layer] is None else scores[layer] + got

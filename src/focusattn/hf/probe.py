@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..focus.attend import dense_query_heads
 from ..kernels import recall
 from ..kernels.common import relative_distance
 from ..kernels.reference import expand_kv, masked_attention
@@ -75,7 +76,7 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
     keep = rule(layer, module, h, query, key, scaling, softcap)
     cfg = module.focus_router.cfg
     b, hq, t, _ = query.shape
-    dense = _dense_query_heads(cfg, layer, hq, key.shape[1], query.device)  # they keep every pair
+    dense = dense_query_heads(cfg, layer, hq, key.shape[1], query.device)  # they keep every pair
     allowed = _model_allowed(attention_mask, t)
     out = torch.empty(b, hq, t, value.shape[-1], dtype=torch.float32, device=query.device)
     vv = expand_kv(value, hq).float()
@@ -90,16 +91,6 @@ def _masked_forward(module, query, key, value, attention_mask, scaling=None, dro
         p = p * ok  # renormalising the full softmax over the kept keys = the softmax over the kept keys
         out[:, :, r0:r1] = (p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)) @ vv
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
-
-
-def _dense_query_heads(cfg, layer: int, hq: int, hkv: int, device) -> torch.Tensor | None:
-    """bool [Hq]: the query heads of ``layer``'s dense key/value heads (``FocusConfig.dense_heads``), or None."""
-    kv = cfg.dense_kv_heads(layer)
-    if not kv:
-        return None
-    dense = torch.zeros(hkv, dtype=torch.bool, device=device)
-    dense[list(kv)] = True
-    return dense.repeat_interleave(hq // hkv)
 
 
 def _register() -> None:
@@ -150,7 +141,7 @@ def oracle_rule(top_k: int) -> RuleFn:
 
         cfg = module.focus_router.cfg
         served = recall.shared_group_keep(topk_membership(module.focus_router(h).groups, top_k))
-        dense = _dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
+        dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
 
         def keep(r0, r1, probs=None):
             t = k.shape[2]
