@@ -208,3 +208,10 @@ def check_shared(args: argparse.Namespace) -> None:
 __all__ = ["HelpFormatter", "adapter_groups", "check_int", "check_lengths", "check_long_eval",
            "check_names", "check_shared", "check_top_ks", "ints", "model_positions",
            "set_threads"]
+
+
+# --dense-heads, shared by the commands that serve an adapter (hf.heads.parse_dense_heads reads it)
+DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads): 'none', 'layer:kv_head,...', "
+                    "or scored on repeated random tokens at load: 'induction:N' (the N KV heads that attend most "
+                    "to the token after the earlier occurrence), 'duplicate:M' (to the earlier occurrence itself) "
+                    "or 'induction:N+duplicate:M'")

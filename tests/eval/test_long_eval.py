@@ -69,16 +69,17 @@ def test_long_eval_runs_every_variant_and_the_original_finds_the_passkey(adapter
 
 
 def test_long_eval_serves_induction_heads_dense_beside_the_duo_baseline(adapter_dir, tmp_path):
-    """--dense-heads induction:N measures the heads on the loaded model, records them, counts them in the budget
-    and gives the DuoAttention-style baseline (the same dense heads, a window elsewhere) at that budget."""
+    """--dense-heads induction:N+duplicate:M measures the heads on the loaded model, records them, counts them in
+    the budget and gives the DuoAttention-style baseline (the same dense heads, a window elsewhere) at that budget."""
     out = tmp_path / "le"
     argv = ["long-eval", "--adapter", adapter_dir, "--lengths", "320", "--top-k", "1", "--ppl-windows", "1",
             "--repeat-n", "1", "--threads", "2", "--recall-windows", "1", "--no-soft",
             "--variants", "original,top1,sliding@top1,duo@top1", "--baselines", "sliding,duo,oracle"]
-    assert main(argv + ["--dense-heads", "induction:3", "--out", str(out)]) == 0
+    assert main(argv + ["--dense-heads", "induction:2+duplicate:1", "--out", str(out)]) == 0
     doc = json.loads((out / "long_eval.json").read_text())
     heads = doc["focus_config"]["dense_heads"]
-    assert len(heads) == 3 and [17, 1] in heads and [18, 2] in heads  # SmolLM2's two strongest copying heads
+    assert len(heads) == 3 and [17, 1] in heads and [18, 2] in heads  # SmolLM2's two strongest induction heads
+    assert [8, 0] in heads or [14, 1] in heads  # and its strongest duplicate-token head
     rows = {r["variant"]: r for r in doc["results"]}
     assert list(rows) == ["original", "top1", "sliding@top1", "duo@top1"]
     assert rows["duo@top1"]["window"] < rows["sliding@top1"]["window"]  # part of the budget went to dense heads

@@ -166,20 +166,28 @@ def test_oracle_probe_with_every_head_dense_is_the_original():
         assert_close(got, base(x).logits, atol=1e-4)
 
 
-def test_induction_scores_and_the_spec_parser():
-    """Scores are attention shares per (layer, KV head); the top-n are n distinct pairs; the spec parser names the
-    flag on bad input. (That the scores find the copying heads is tested on the real model.)"""
-    from focusattn.hf.heads import induction_heads, induction_scores, parse_dense_heads
+def test_copy_scores_scored_heads_and_the_spec_parser():
+    """Scores are attention shares per (layer, KV head) for each kind; the top-n of several kinds are distinct pairs
+    adding up to the counts; the spec parser names the flag on bad input. (That the scores find the copying heads
+    is tested on the real model.)"""
+    from focusattn.hf.heads import copy_scores, induction_heads, induction_scores, parse_dense_heads, scored_heads
 
     m = _model(dataclasses.replace(CFG, dense_heads=()))
-    s = induction_scores(m, half=24, seeds=(0,))
-    assert s.shape == (2, 2) and bool(((s >= 0) & (s <= 1)).all())
+    s = copy_scores(m, half=24, seeds=(0,))
+    assert set(s) == {"induction", "duplicate"}
+    for v in s.values():
+        assert v.shape == (2, 2) and bool(((v >= 0) & (v <= 1)).all())
+    assert torch.equal(induction_scores(m, half=24, seeds=(0,)), s["induction"])
     assert len(induction_heads(m, 3, half=24, seeds=(0,))) == 3
-    with pytest.raises(ValueError, match="induction:9: allowed 0..4 heads"):
+    both = scored_heads(m, {"induction": 2, "duplicate": 2}, half=24, seeds=(0,))
+    assert len(set(both)) == 4 and set(induction_heads(m, 2, half=24, seeds=(0,))) <= set(both)
+    with pytest.raises(ValueError, match="induction:9: allowed at most 4 heads"):
         induction_heads(m, 9, half=24, seeds=(0,))
-    assert parse_dense_heads("17:1,18:2") == ((17, 1), (18, 2)) and parse_dense_heads("induction:6") == 6
+    assert parse_dense_heads("17:1,18:2") == ((17, 1), (18, 2)) and parse_dense_heads("induction:6") == {"induction": 6}
+    assert parse_dense_heads("induction:6+duplicate:3") == {"induction": 6, "duplicate": 3}
     assert parse_dense_heads("none") == ()
-    for bad in ("17", "a:b", "induction:x", "induction:-1", "-1:0", ""):
+    for bad in ("17", "a:b", "induction:x", "induction:-1", "-1:0", "", "induction:2+induction:3",
+                "induction:2+copy:1", "duplicate:2+"):
         with pytest.raises(InputError, match="dense_heads.*allowed 'none'"):
             parse_dense_heads(bad)
 

@@ -65,17 +65,21 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
         assert torch.equal(model(x).logits, ref)
 
 
-def test_default_model_has_few_strong_induction_heads(smol):
-    """SmolLM2's copying heads, found on repeated random tokens, are few and strong: what dense_heads serves."""
-    from focusattn.hf.heads import induction_scores
+def test_default_model_has_few_strong_copying_heads(smol):
+    """SmolLM2's copying heads, found on repeated random tokens, are few and strong, and the two kinds are different
+    heads (induction heads late, duplicate-token heads in the middle layers): what dense_heads serves."""
+    from focusattn.hf.heads import copy_scores
 
     model, _ = smol
     fa.compose(model, fa.FocusConfig())
     try:
-        s = induction_scores(model, half=128, seeds=(0,))
+        s = copy_scores(model, half=128, seeds=(0,))
     finally:
         fa.unload(model)
-    assert s.shape == (30, 3)
-    flat = s.flatten().sort(descending=True).values
-    assert flat[0] > 0.5 and flat[1] > 0.5  # at least two heads copy most of the time
-    assert flat[10:].max() < 0.2 and flat.median() < 0.02  # and most heads never do
+    for kind in ("induction", "duplicate"):
+        assert s[kind].shape == (30, 3)
+        flat = s[kind].flatten().sort(descending=True).values
+        assert flat[0] > 0.5 and flat[1] > 0.5, kind  # at least two heads copy most of the time
+        assert flat[10:].max() < 0.2 and flat.median() < 0.02, kind  # and most heads never do
+    top = {kind: set(s[kind].flatten().topk(4).indices.tolist()) for kind in s}
+    assert not top["induction"] & top["duplicate"]

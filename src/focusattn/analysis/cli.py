@@ -141,7 +141,8 @@ def register(sub) -> None:
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.add_argument("--dense-heads", default=None,
                    help="ship the adapter RUN's routers served with these dense heads (FocusConfig.dense_heads): "
-                        "'induction:N' (measured on the model) or 'layer:kv_head,...'")
+                        "'induction:N', 'duplicate:M', 'induction:N+duplicate:M' (scored on the model) or "
+                        "'layer:kv_head,...'")
     s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",

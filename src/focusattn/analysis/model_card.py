@@ -110,13 +110,13 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
 def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "smollm2-135m", long_eval=None,
                    model_bench=None, dest: Path | None = None) -> Path:
     """Ship the routers of adapter ``source`` (a shipped name or an adapter folder) served with ``dense_heads`` (a
-    ``--dense-heads`` spec; ``induction:N`` is measured on ``model``): the same tensors, a config with the dense
+    ``--dense-heads`` spec; scored heads, ``induction:N`` / ``duplicate:M``, are measured on ``model``): the same tensors, a config with the dense
     heads, and a card that points at ``source``'s for the training and gives this one's measured tables."""
     import torch
 
     from ..adapters import resolve
     from ..hf import load_adapter, load_model, save_adapter, update_config
-    from ..hf.heads import induction_heads, parse_dense_heads
+    from ..hf.heads import describe, parse_dense_heads, scored_heads
 
     spec = parse_dense_heads(dense_heads)
     if not name or "/" in name or name.startswith("."):
@@ -127,16 +127,15 @@ def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "sm
     m, _ = load_model(model)
     load_adapter(m, src)
     with torch.no_grad():
-        heads = induction_heads(m.eval(), spec) if isinstance(spec, int) else spec
+        heads = scored_heads(m.eval(), spec) if isinstance(spec, dict) else spec
     cfg = update_config(m, dense_heads=heads)
     out = (dest or HERE) / name
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapter(m, tmp)
     listed = ", ".join(f"{a}:{b}" for a, b in cfg.dense_heads)
-    chosen = (f"the {spec} key/value heads of highest induction score (`--dense-heads {dense_heads}`: attention on "
-              "the token after the earlier occurrence of the current token, on repeated random tokens)"
-              if isinstance(spec, int) else f"the key/value heads `{listed}`")
+    chosen = (f"{describe(spec)} (`--dense-heads {dense_heads}`)" if isinstance(spec, dict)
+              else f"the key/value heads `{listed}`")
     lines = [f"# {name}", "",
              f"The routers of `{source}` (same tensors; how they were trained: its model card), served with "
              f"{len(cfg.dense_heads)} dense heads: {chosen}, layer:head `{listed}`. Those heads keep full causal "

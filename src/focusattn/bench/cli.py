@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._cli_common import DENSE_HEADS_HELP
 from .common import ROUTINGS
 from .decode import run_decode_bench
 from .prefill import run_kernel_bench
@@ -61,9 +62,7 @@ def register(subparsers) -> None:
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
     m.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
                    help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
-    m.add_argument("--dense-heads", default=None,
-                   help="override the adapter's dense heads (FocusConfig.dense_heads): 'none', 'layer:kv_head,...' "
-                        "or 'induction:N' (the N KV heads of highest induction score on repeated random tokens)")
+    m.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
     m.add_argument("--out", required=True, help="folder for model_bench.json and its plot")
     m.set_defaults(func=_model_handler)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._cli_common import HelpFormatter
+from .._cli_common import DENSE_HEADS_HELP, HelpFormatter
 
 
 def _ints(values) -> tuple[int, ...]:
@@ -40,9 +40,7 @@ def register(sub) -> None:
                    help="override the adapter's online rebalancing interval (tokens; 0 = off)")
     p.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
                    help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
-    p.add_argument("--dense-heads", default=None,
-                   help="override the adapter's dense heads (FocusConfig.dense_heads): 'none', 'layer:kv_head,...' "
-                        "or 'induction:N' (the N KV heads of highest induction score on repeated random tokens)")
+    p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
     p.add_argument("--out", required=True, help="folder for long_eval.json")
     p.set_defaults(func=_run)
 

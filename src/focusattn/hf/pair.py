@@ -23,11 +23,12 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
               rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None) -> Pair:
     """``rebalance`` / ``rebalance_warm`` / ``dense_heads``: override the adapter's ``FocusConfig.rebalance`` /
     ``rebalance_warm`` / ``dense_heads`` (inference-time choices, no retraining). ``dense_heads``: a ``--dense-heads``
-    spec (:func:`.heads.parse_dense_heads`; ``induction:N`` is measured on the loaded model) or (layer, kv_head)
+    spec (:func:`.heads.parse_dense_heads`; scored heads, ``induction:N`` / ``duplicate:M``, are measured on the loaded
+    model) or (layer, kv_head)
     pairs; None keeps the adapter's."""
     from ..adapters import resolve
     from .io import load_adapter, read_adapter_config
-    from .heads import induction_heads, parse_dense_heads
+    from .heads import parse_dense_heads, scored_heads
     from .loading import load_model
 
     if isinstance(dense_heads, str):
@@ -36,7 +37,7 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
     cfg = FocusConfig.from_dict(read_adapter_config(adapter_dir)["focus_config"])
     over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
                               ("rebalance_warm", rebalance_warm)) if v is not None}
-    if dense_heads is not None and not isinstance(dense_heads, int):
+    if dense_heads is not None and not isinstance(dense_heads, dict):
         over["dense_heads"] = dense_heads
     if over:
         cfg = FocusConfig.from_dict({**cfg.to_dict(), **over})  # validated before loading
@@ -58,8 +59,8 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
     focus, _ = load_model(model)
     load_adapter(focus, adapter_dir)
     focus.eval()
-    if isinstance(dense_heads, int):  # induction:N, measured on this model (eval mode: no dropout)
-        over["dense_heads"] = induction_heads(focus, dense_heads)
+    if isinstance(dense_heads, dict):  # scored heads, measured on this model (eval mode: no dropout)
+        over["dense_heads"] = scored_heads(focus, dense_heads)
     if over:
         from .compose import update_config
 
