@@ -74,3 +74,18 @@ def test_dense_heads_section_renders_the_sweep(tmp_path):
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "### Dense heads: how many" in text and "duo (window 500)" in text and "dense_heads_sweep.py --out x" in text
     assert "| 6 | 30.0% | top-1 | 10.50 (+5.0%) | 11.50 (+4.5%) | 3.00 | 0.33 |" in text
+
+
+def test_dense_heads_section_renders_the_duplicate_sweep_by_spec(tmp_path):
+    q = lambda p, r, k: {"ppl_a": p, "repeat_ppl": r, "passkey": k}  # noqa: E731
+    doc = {"command": "python scripts/dense_heads_sweep.py --specs x --out y", "adapter": "runs/a/adapter",
+           "T": 2048, "corpora": ["a"], "filler": "a", "original": q(10.0, 1.5, 1.0),
+           "rows": [{"spec": "induction:6", "heads": 6, "pairs_kept": 0.3, "top1": q(10.5, 3.0, 0.33),
+                     "duo": {"window": 500, **q(11.0, 2.0, 0.67)}},
+                    {"spec": "induction:6+duplicate:4", "heads": 10, "pairs_kept": 0.33, "top1": q(10.2, 1.6, 0.33),
+                     "duo": {"window": 490, **q(10.9, 1.9, 0.67)}}]}
+    (tmp_path / "dense_heads_duplicate_sweep.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "### Dense heads: duplicate-token heads beside induction heads" in text
+    assert "duplicate-token score" in text and "--specs x --out y" in text
+    assert "| induction:6+duplicate:4 (10) | 33.0% | top-1 | 10.20 (+2.0%) | 1.60 | 0.33 |" in text

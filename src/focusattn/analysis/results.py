@@ -98,6 +98,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     if (d / "dense_heads_sweep.json").exists():
         parts += ["### Dense heads: how many (`FocusConfig.dense_heads`)\n", dense_heads_markdown(
             _load(d / "dense_heads_sweep.json")), ""]
+    if (d / "dense_heads_duplicate_sweep.json").exists():
+        parts += ["### Dense heads: duplicate-token heads beside induction heads (`--dense-heads "
+                  "induction:N+duplicate:M`)\n", dense_heads_markdown(_load(d / "dense_heads_duplicate_sweep.json")),
+                  ""]
     for bp, b in zip(bench_paths, bench_docs):  # each JSON's plot sits beside it under the same name
         png = bp.with_suffix(".png")
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
@@ -346,17 +350,24 @@ def warm_rebalance_markdown(doc: dict) -> str:
 
 
 def dense_heads_markdown(doc: dict) -> str:
-    """``scripts/dense_heads_sweep.py``: top-1 with the N strongest induction heads dense, and the DuoAttention-style
-    baseline (the same heads dense, window + sink elsewhere) at the same share of causal pairs."""
+    """``scripts/dense_heads_sweep.py``: top-1 with the strongest copying heads dense (N induction heads, or a
+    ``--dense-heads`` spec of both kinds per row), and the DuoAttention-style baseline (the same heads dense, window
+    + sink elsewhere) at the same share of causal pairs."""
     orig, corpora = doc["original"], doc["corpora"]
 
     def cells(q: dict) -> list[str]:
         out = [f"{q[f'ppl_{c}']:.2f} ({100 * (q[f'ppl_{c}'] / orig[f'ppl_{c}'] - 1):+.1f}%)" for c in corpora]
         return out + [f"{q['repeat_ppl']:.2f}", f"{q['passkey']:.2f}"]
 
+    specs = any("duplicate" in r.get("spec", "") for r in doc["rows"])
     head = ["dense heads", "pairs kept", "mask"] + [f"ppl {c}" for c in corpora] + ["repeat-copy ppl", "passkey"]
-    lines = [f"Adapter `{doc['adapter']}` at top-1, T = {doc['T']}; the N key/value heads of highest induction score "
-             "(attention on the token after the earlier occurrence, repeated random tokens; no corpus) served dense. "
+    chosen = ("the key/value heads each row's `--dense-heads` spec names, scored on repeated random tokens (no "
+              "corpus): `induction:N` the N of highest induction score (attention on the token after the earlier "
+              "occurrence), `duplicate:M` the M of highest duplicate-token score (attention on the earlier "
+              "occurrence itself) among the others" if specs else
+              "the N key/value heads of highest induction score (attention on the token after the earlier "
+              "occurrence, repeated random tokens; no corpus)")
+    lines = [f"Adapter `{doc['adapter']}` at top-1, T = {doc['T']}; {chosen} served dense. "
              f"`duo`: the same dense heads, window + first token on the other heads, at the same share of causal "
              f"pairs. Repeat-copy and passkey filler: {doc['filler']}; perplexity on held-out windows.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
@@ -364,8 +375,10 @@ def dense_heads_markdown(doc: dict) -> str:
              + f" | {orig['repeat_ppl']:.2f} | {orig['passkey']:.2f} |"]
     for r in doc["rows"]:
         n, kept = r["heads"], f"{100 * r['pairs_kept']:.1f}%"
-        lines.append(f"| {n} | {kept} | top-1 | " + " | ".join(cells(r["top1"])) + " |")
-        lines.append(f"| {n} | {kept} | duo (window {r['duo']['window']}) | " + " | ".join(cells(r["duo"])) + " |")
+        label = f"{r['spec']} ({n})" if specs else str(n)
+        lines.append(f"| {label} | {kept} | top-1 | " + " | ".join(cells(r["top1"])) + " |")
+        lines.append(f"| {label} | {kept} | duo (window {r['duo']['window']}) | " + " | ".join(cells(r["duo"]))
+                     + " |")
     return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
 
 
