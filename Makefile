@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads python-docs
 
 setup: $(STAMP)
 
@@ -319,4 +319,25 @@ dense-heads: $(STAMP)
 	for b in bm_g2wd6:model_bench_attention_g2_warm_heads6 bm_k8h6:model_bench_k8_heads6; do \
 		cp $(ROUTE)/$${b%%:*}/model_bench.json docs/results/$${b#*:}.json; \
 		cp $(ROUTE)/$${b%%:*}/model_bench.png docs/results/$${b#*:}.png; done
+	$(MAKE) results
+
+# Duplicate-token heads beside the induction heads (--dense-heads induction:6+duplicate:4, both scored on repeated
+# random tokens): how many (the sweep), 2048 with every baseline + recall, 8192, whole-model speed. ~1.5 h on 2 cores.
+COPY_HEADS := --dense-heads induction:6+duplicate:4
+copy-heads: $(STAMP)
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(LE_FLAGS) \
+		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+		--out $(ROUTE)/le_g2wcd10_2k
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) --lengths 8192 \
+		--passkey-per-depth 1 --repeat-n 1 --no-soft --baselines sliding,duo \
+		--variants original,top1,sliding@top1,duo@top1 --threads 1 --out $(ROUTE)/le_g2wcd10_8k
+	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 6 \
+		--specs induction:6+duplicate:2 induction:6+duplicate:4 induction:4+duplicate:4 \
+		--out docs/results/dense_heads_duplicate_sweep.json
+	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(COPY_HEADS) --lengths 2048 8192 --top-k 1 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wcd10
+	cp $(ROUTE)/le_g2wcd10_2k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10.json
+	cp $(ROUTE)/le_g2wcd10_8k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10_8k.json
+	cp $(ROUTE)/bm_g2wcd10/model_bench.json docs/results/model_bench_attention_g2_warm_copy10.json
+	cp $(ROUTE)/bm_g2wcd10/model_bench.png docs/results/model_bench_attention_g2_warm_copy10.png
 	$(MAKE) results
