@@ -87,3 +87,29 @@ def test_derive_adapter_ships_the_same_routers_with_dense_heads(tmp_path, tiny_d
     with pytest.raises(ValueError, match="dense_heads"):
         derive_adapter(str(src), "bad", dense_heads="9:0", model=model_dir, dest=tmp_path / "pkg")
     assert not (tmp_path / "pkg" / "bad").exists()
+
+
+def test_ship_adapter_serves_warm_rebalancing_and_scored_dense_heads(tmp_path, tiny_dir):
+    """A retrofit folder shipped with inference settings of its own: warm rebalancing, and dense heads scored on
+    the run's model (both kinds) or named; the card says how they were chosen; a bad spec writes nothing."""
+    from focusattn.hf.io import read_adapter_config
+
+    model_dir = str(tiny_dir / "model")
+    m, _ = fa.load_model(model_dir)
+    run = tmp_path / "run"
+    fa.save_adapter(fa.compose(m, fa.FocusConfig(num_groups=4, window=4, rebalance=8)), run / "adapter")
+    s = json.loads((RESULTS / "retrofit_default.json").read_text())
+    s["config"]["model"] = model_dir
+    (run / "summary.json").write_text(json.dumps(s))
+    out = ship_adapter(run, "tiny-copy2", dest=tmp_path / "pkg", rebalance_warm=True,
+                       dense_heads="induction:1+duplicate:1")
+    cfg = read_adapter_config(out)["focus_config"]
+    assert cfg["rebalance_warm"] is True and len({tuple(h) for h in cfg["dense_heads"]}) == 2
+    card = (out / "README.md").read_text()
+    assert "warm-started rebalancing" in card and "--dense-heads induction:1+duplicate:1" in card
+    assert "duplicate-token score" in card
+    named = ship_adapter(run, "tiny-named", dest=tmp_path / "pkg", dense_heads="1:0")
+    assert read_adapter_config(named)["focus_config"]["dense_heads"] == [[1, 0]]
+    with pytest.raises(ValueError, match="dense_heads"):
+        ship_adapter(run, "bad", dest=tmp_path / "pkg", dense_heads="copy:2")
+    assert not (tmp_path / "pkg" / "bad").exists() and not (tmp_path / "pkg" / "bad.tmp").exists()

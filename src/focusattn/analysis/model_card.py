@@ -38,11 +38,16 @@ def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | 
 
 
 def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,
-                 rebalance: int | None = None, first_phase=None) -> Path:
+                 rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads: str | None = None,
+                 first_phase=None) -> Path:
     """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder.
-    ``rebalance``: ship the adapter with this online-rebalancing interval (an inference setting; see FocusConfig).
+    ``rebalance`` / ``rebalance_warm`` / ``dense_heads`` (a ``--dense-heads`` spec; scored heads are measured on
+    the run's model): ship the adapter with these inference settings (see FocusConfig), not the ones it was saved
+    with.
     ``first_phase``: the retrofit folder the run continued from (``--init-adapter``), so the card gives both
     commands: the adapter cannot be rebuilt from the last one alone."""
+    from ..hf.heads import describe, parse_dense_heads
+
     run = Path(run_dir)
     summary = _need(run / "summary.json", "focusattn retrofit --out RUN")
     first = _need(Path(first_phase) / "summary.json", "focusattn retrofit --out RUN") if first_phase else None
@@ -57,6 +62,10 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8")
     le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    spec = None if dense_heads is None else parse_dense_heads(dense_heads)  # bad input fails before any work
+    scored = None  # scored heads: measured on the run's model with these routers, before anything is written
+    if isinstance(spec, dict):
+        scored = _scored(summary["config"]["model"], run / "adapter", spec)
     out = (dest or HERE) / name
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -67,10 +76,16 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     acfg = json.loads((tmp / CONFIG).read_text())
     # a shipped adapter always carries its tensors' checksum (runs saved before checksums existed have none)
     acfg["weights_sha256"] = hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest()
-    if rebalance is not None:
-        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "rebalance": int(rebalance)}).to_dict()
-    write_json(tmp / CONFIG, acfg)
+    over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
+                              ("rebalance_warm", rebalance_warm)) if v is not None}
+    if isinstance(spec, tuple):
+        over["dense_heads"] = spec
+    if over:
+        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **over}).to_dict()
     cfg = summary["config"]
+    if scored is not None:
+        acfg["focus_config"]["dense_heads"] = [list(h) for h in scored]
+    write_json(tmp / CONFIG, acfg)
     if rebalance is not None and cfg["focus"].get("rebalance") == rebalance:
         served = (f" Trained and shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`: "
                   "groups stay balanced on text unlike the training corpus); `focusattn.hf.update_config(model, rebalance=0)` "
@@ -79,6 +94,16 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
         served = (f" Shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`, an inference "
                   "setting not used in training: groups stay balanced on text unlike the training corpus); "
                   "`focusattn.hf.update_config(model, rebalance=0)` serves the learned offsets alone.")
+    if rebalance_warm:
+        served += (" Served with warm-started rebalancing (`FocusConfig.rebalance_warm`: each re-estimate starts "
+                   "from the previous one, so the groups stay balanced on sharp router logits).")
+    if dense_heads is not None:
+        heads = acfg["focus_config"]["dense_heads"]
+        listed = ", ".join(f"{a}:{b}" for a, b in heads)
+        chosen = describe(spec) if isinstance(spec, dict) else "the key/value heads named"
+        served += (f" Served with {len(heads)} dense heads (`--dense-heads {dense_heads}`: {chosen}), layer:head "
+                   f"`{listed}`: those heads keep full causal attention, the rest of each layer the routed mask "
+                   "(`FocusConfig.dense_heads`, docs/DESIGN.md \"Dense heads\").")
     lines = [f"# {name}", "",
              f"A Focus adapter for `{cfg['model']}`: {summary['parameters']['router']:,} router parameters "
              f"({summary['parameters']['percent']:.2f}% of the model), every pretrained weight frozen.", "",
@@ -105,6 +130,19 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
               f"on 2 CPU cores in all.{served}",
               "", "## Perplexity at the training length", "", retrofit_table(summary)]
     return _finish(tmp, out, lines, le, mb)
+
+
+def _scored(model: str, adapter: Path, counts: dict) -> tuple:
+    """:func:`..hf.heads.scored_heads` of ``model`` with the routers of ``adapter`` attached."""
+    import torch
+
+    from ..hf import load_adapter, load_model
+    from ..hf.heads import scored_heads
+
+    m, _ = load_model(model)
+    load_adapter(m, adapter)
+    with torch.no_grad():
+        return scored_heads(m.eval(), counts)
 
 
 def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "smollm2-135m", long_eval=None,
