@@ -52,8 +52,9 @@ class FocusConfig:
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
         retrieval heads; DuoAttention, Xiao et al. 2024), and one group per token cannot route "the token after an
         earlier A" to a query A. Measured (attention-objective adapter, top-1, 2048 tokens): 6 of SmolLM2's 90 KV
-        heads (``hf.heads.induction_heads``) take repeat-copy perplexity from 11.5 to 2.9 (docs/results/
-        long_eval_attention_g2_warm_heads6.json). () = every head routed.
+        heads (``hf.heads.induction_heads``) take repeat-copy perplexity from 11.5 to 2.9, and 4 duplicate-token
+        heads beside them (``hf.heads.scored_heads``) to 1.6, against the original's 1.45 (docs/results/
+        long_eval_attention_g2_warm_copy10.json). () = every head routed.
     """
 
     num_groups: int = 8
