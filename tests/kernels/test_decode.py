@@ -89,12 +89,13 @@ def test_masked_pass_keeps_kept_keys_far_below_a_masked_one():
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), k=st.integers(1, 5), top_k=st.integers(1, 3), window=st.integers(0, 12),
-       sink=st.integers(0, 3), roles=st.booleans(), start=st.integers(1, 30))
-def test_one_sequence_steps_through_the_host_record_equal_the_reference(seed, k, top_k, window, sink, roles, start):
+       sink=st.integers(0, 3), roles=st.booleans(), start=st.integers(1, 30), glob=st.booleans())
+def test_one_sequence_steps_through_the_host_record_equal_the_reference(seed, k, top_k, window, sink, roles, start,
+                                                                         glob):
     """A decode step of one sequence (the ``gather`` branch's fast path: ``GroupIndex.last_keys`` +
     ``gathered_step``) equals the dense reference step by step, outputs and LSE: top-k > 1 (keys listed once), sinks
-    in and out of the query's groups and window, query and key roles, GQA; and again after a crop and a reorder
-    (the host record is rebuilt)."""
+    in and out of the query's groups and window, global keys (``glob``: a sink key mask, first tokens or not),
+    query and key roles, GQA; and again after a crop and a reorder (the host record is rebuilt)."""
     from focusattn.kernels import dispatch
     from focusattn.kernels.dispatch import BreakEvens
     from tests.conftest import random_membership
@@ -108,6 +109,8 @@ def test_one_sequence_steps_through_the_host_record_equal_the_reference(seed, k,
         first = torch.where(memb, torch.rand(memb.shape, generator=gen), -1.0).argmax(-1, keepdim=True)
         qmem = torch.zeros_like(memb).scatter_(-1, first, True)
     q, kk, v = (torch.randn(1, h, t, 8, generator=gen) for h in (4, 2, 2))
+    marks = torch.rand(1, t, generator=gen) < 0.2  # global keys
+    marks[:, :sink] = True
     fast = []
     real = decode.gathered_step
 
@@ -123,7 +126,7 @@ def test_one_sequence_steps_through_the_host_record_equal_the_reference(seed, k,
             if i == start + 20:  # a rollback and a (trivial) reorder: the host record is rebuilt from the index
                 index.crop(i - 3).append(memb[:, i - 3:i]).reorder(torch.tensor([0]))
             index.append(memb[:, i:i + 1])
-            kw = dict(sink=sink, return_lse=True,
+            kw = dict(sink=marks[:, :i + 1] if glob else sink, return_lse=True,
                       query_membership=None if qmem is None else qmem[:, i:i + 1])
             out, lse = focus_attention(q[:, :, i:i + 1], kk[:, :, :i + 1], v[:, :, :i + 1], index.membership,
                                        window, group_index=index, **kw)
@@ -151,6 +154,15 @@ def test_last_keys_lists_each_allowed_key_once():
         row = focus_allowed(memb[:, :i + 1], 17, 1, sink_key_mask(i + 1, 2, None, memb.device))[0, -1]
         assert sorted(keys) == row.nonzero()[:, 0].tolist(), i
     assert GroupIndex(random_membership(2, 10, 4, 1)).last_keys(3) is None  # a batch: the general path
+    marks = torch.rand(1, 300, generator=torch.Generator().manual_seed(0)) < 0.1  # global keys, listed once too
+    index = GroupIndex(memb[:, :100])
+    for i in range(100, 300):
+        index.append(memb[:, i:i + 1])
+        extra = marks[0, :i + 1].nonzero()[:, 0].to(torch.int32)
+        keys = index.last_keys(17, 2, extra=extra).tolist()
+        assert len(keys) == len(set(keys))
+        row = focus_allowed(memb[:, :i + 1], 17, 1, sink_key_mask(i + 1, 2, None, memb.device) | marks[:, :i + 1])
+        assert sorted(keys) == row[0, -1].nonzero()[:, 0].tolist(), i
 
 
 class _patch:

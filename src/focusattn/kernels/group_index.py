@@ -260,10 +260,12 @@ class GroupIndex:
                 h.far[g] += 1
             h.far_len += 1
 
-    def last_keys(self, window: int, sink: int = 0, query_groups: tuple[int, ...] | None = None) -> torch.Tensor | None:
+    def last_keys(self, window: int, sink: int = 0, query_groups: tuple[int, ...] | None = None, *,
+                  extra: torch.Tensor | None = None) -> torch.Tensor | None:
         """Positions (int32 ``[L]``, each allowed key once) that the *last* indexed token may attend as a query:
         the first ``sink`` tokens, the earlier tokens of its groups (``query_groups``, with query and key roles;
-        else its own) before its window, and the window ``[p - w, p]``. None for more than one batch row.
+        else its own) before its window, the window ``[p - w, p]``, and ``extra`` (int32 positions ``<= p`` every
+        query sees: global keys; those already listed are dropped). None for more than one batch row.
 
         The common decode step (one sequence, one new token) at host speed: a Python record per group of how many
         of its tokens lie before the window (:class:`_Host`, kept by :meth:`append` in ``O(t * K)`` Python work,
@@ -291,5 +293,11 @@ class GroupIndex:
         if sinks:
             parts.insert(0, self._arange[:len(sinks)] if sinks[-1] == len(sinks) - 1 else
                          torch.tensor(sinks, dtype=torch.int32, device=self.device))
+        if extra is not None and extra.numel():  # keep those before the window, not first sinks, in no query group
+            far = extra[(extra < h.far_len) & (extra >= min(sink, h.far_len))]
+            if far.numel():
+                far = far[~self._memb[0, far.long()][:, list(qg)].any(-1)]
+            if far.numel():
+                parts.insert(0, far)
         parts.append(self._arange[h.far_len:self._len])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
