@@ -322,7 +322,8 @@ dense-heads: $(STAMP)
 	$(MAKE) results
 
 # Duplicate-token heads beside the induction heads (--dense-heads induction:6+duplicate:4, both scored on repeated
-# random tokens): how many (the sweep), 2048 with every baseline + recall, 8192, whole-model speed. ~1.5 h on 2 cores.
+# random tokens): how many (the sweep), 2048 with every baseline + recall (the attention-objective routers and the
+# shipped k8 ones), 8192, whole-model speed. ~2 h on 2 cores.
 COPY_HEADS := --dense-heads induction:6+duplicate:4
 copy-heads: $(STAMP)
 	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(LE_FLAGS) \
@@ -334,10 +335,17 @@ copy-heads: $(STAMP)
 	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 6 \
 		--specs induction:6+duplicate:2 induction:6+duplicate:4 induction:4+duplicate:4 \
 		--out docs/results/dense_heads_duplicate_sweep.json
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(COPY_HEADS) $(LE_FLAGS) \
+		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+		--out $(ROUTE)/le_k8c10_2k
 	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(COPY_HEADS) --lengths 2048 8192 --top-k 1 \
 		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wcd10
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(COPY_HEADS) --lengths 2048 8192 --top-k 1 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_k8c10
 	cp $(ROUTE)/le_g2wcd10_2k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10.json
 	cp $(ROUTE)/le_g2wcd10_8k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10_8k.json
-	cp $(ROUTE)/bm_g2wcd10/model_bench.json docs/results/model_bench_attention_g2_warm_copy10.json
-	cp $(ROUTE)/bm_g2wcd10/model_bench.png docs/results/model_bench_attention_g2_warm_copy10.png
+	cp $(ROUTE)/le_k8c10_2k/long_eval.json docs/results/long_eval_k8_copy10.json
+	for b in bm_g2wcd10:model_bench_attention_g2_warm_copy10 bm_k8c10:model_bench_k8_copy10; do \
+		cp $(ROUTE)/$${b%%:*}/model_bench.json docs/results/$${b#*:}.json; \
+		cp $(ROUTE)/$${b%%:*}/model_bench.png docs/results/$${b#*:}.png; done
 	$(MAKE) results
