@@ -68,7 +68,7 @@ def main() -> None:
            "duplicate_scores": scores["duplicate"].tolist(), "original": quality(base, tests), "rows": []}
     print("original", doc["original"], flush=True)
     for spec in specs:
-        heads = scored_heads(focus, counts[spec])
+        heads = scored_heads(focus, counts[spec], scores=scores)
         n = len(heads)
         update_config(focus, dense_heads=heads)
         budget = pairs_kept(focus, val[a.corpora[0]][:t])

@@ -181,6 +181,7 @@ def test_copy_scores_scored_heads_and_the_spec_parser():
     assert len(induction_heads(m, 3, half=24, seeds=(0,))) == 3
     both = scored_heads(m, {"induction": 2, "duplicate": 2}, half=24, seeds=(0,))
     assert len(set(both)) == 4 and set(induction_heads(m, 2, half=24, seeds=(0,))) <= set(both)
+    assert scored_heads(m, {"induction": 2, "duplicate": 2}, scores=s) == both  # scored once, reused
     with pytest.raises(ValueError, match="induction:9: allowed at most 4 heads"):
         induction_heads(m, 9, half=24, seeds=(0,))
     assert parse_dense_heads("17:1,18:2") == ((17, 1), (18, 2)) and parse_dense_heads("induction:6") == {"induction": 6}

@@ -55,10 +55,12 @@ def induction_scores(model, **kw) -> torch.Tensor:
     return copy_scores(model, **kw)["induction"]
 
 
-def scored_heads(model, counts: dict[str, int], **kw) -> tuple[tuple[int, int], ...]:
+def scored_heads(model, counts: dict[str, int], *, scores: dict[str, torch.Tensor] | None = None,
+                 **kw) -> tuple[tuple[int, int], ...]:
     """Sorted ``(layer, kv_head)`` pairs: for each kind in ``counts`` (in order), its ``n`` heads of highest score
-    among those not chosen yet, so the total is the sum of the counts."""
-    s = copy_scores(model, **kw)
+    among those not chosen yet, so the total is the sum of the counts. ``scores``: :func:`copy_scores` of ``model``
+    measured already (a sweep over several specs scores once)."""
+    s = copy_scores(model, **kw) if scores is None else scores
     total = next(iter(s.values())).numel()
     spec = "+".join(f"{k}:{n}" for k, n in counts.items())
     if sum(counts.values()) > total:
