@@ -255,6 +255,11 @@ python-docs:
 # probe. ~2.5 h on 2 cores (the targets of 24 windows are the slow part; they are kept in $(ROUTE)/targets).
 ROUTE ?= $(RUNS)/routing
 LE_FLAGS := --lengths 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 1 --repeat-n 1 --no-soft --threads 1
+# every top-1 baseline at its budget (long-eval), the 8192 probes beside sliding + duo, the 2048/8192 whole-model bench
+LE_TOP1 := --variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1
+LE_8K := --lengths 8192 --passkey-per-depth 1 --repeat-n 1 --no-soft --baselines sliding,duo \
+	--variants original,top1,sliding@top1,duo@top1 --threads 1
+BM_TOP1 := --lengths 2048 8192 --top-k 1 --repeats 1 --decode-tokens 8 --threads 1
 routing: $(STAMP) python-docs
 	$(PY) scripts/global_keys_probe.py --out docs/results/global_keys_probe.json
 	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 24 \
@@ -298,21 +303,16 @@ routing: $(STAMP) python-docs
 G2 ?= $(ROUTE)/g2/adapter
 HEADS := --dense-heads induction:6
 dense-heads: $(STAMP)
-	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) $(LE_FLAGS) \
-		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) $(LE_FLAGS) $(LE_TOP1) \
 		--out $(ROUTE)/le_g2wd6_2k
-	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) --lengths 8192 --passkey-per-depth 1 \
-		--repeat-n 1 --no-soft --baselines sliding,duo --variants original,top1,sliding@top1,duo@top1 --threads 1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(HEADS) $(LE_8K) \
 		--out $(ROUTE)/le_g2wd6_8k
 	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 0 2 4 6 8 10 14 \
 		--out docs/results/dense_heads_sweep.json
-	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(HEADS) $(LE_FLAGS) \
-		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(HEADS) $(LE_FLAGS) $(LE_TOP1) \
 		--out $(ROUTE)/le_k8h6_2k
-	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(HEADS) --lengths 2048 8192 --top-k 1 \
-		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wd6
-	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(HEADS) --lengths 2048 8192 --top-k 1 \
-		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_k8h6
+	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(HEADS) $(BM_TOP1) --out $(ROUTE)/bm_g2wd6
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(HEADS) $(BM_TOP1) --out $(ROUTE)/bm_k8h6
 	cp $(ROUTE)/le_g2wd6_2k/long_eval.json docs/results/long_eval_attention_g2_warm_heads6.json
 	cp $(ROUTE)/le_g2wd6_8k/long_eval.json docs/results/long_eval_attention_g2_warm_heads6_8k.json
 	cp $(ROUTE)/le_k8h6_2k/long_eval.json docs/results/long_eval_k8_heads6.json
@@ -326,22 +326,16 @@ dense-heads: $(STAMP)
 # shipped k8 ones), 8192, whole-model speed. ~2 h on 2 cores.
 COPY_HEADS := --dense-heads induction:6+duplicate:4
 copy-heads: $(STAMP)
-	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(LE_FLAGS) \
-		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(LE_FLAGS) $(LE_TOP1) \
 		--out $(ROUTE)/le_g2wcd10_2k
-	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) --lengths 8192 \
-		--passkey-per-depth 1 --repeat-n 1 --no-soft --baselines sliding,duo \
-		--variants original,top1,sliding@top1,duo@top1 --threads 1 --out $(ROUTE)/le_g2wcd10_8k
+	$(VENV)/bin/focusattn long-eval --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(LE_8K) --out $(ROUTE)/le_g2wcd10_8k
 	$(PY) scripts/dense_heads_sweep.py --adapter $(G2) --rebalance-warm --heads 6 \
 		--specs induction:6+duplicate:2 induction:6+duplicate:4 induction:4+duplicate:4 \
 		--out docs/results/dense_heads_duplicate_sweep.json
-	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(COPY_HEADS) $(LE_FLAGS) \
-		--variants original,top1,sliding@top1,duo@top1,random@top1,untrained@top1,kmeans@top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-k8 $(COPY_HEADS) $(LE_FLAGS) $(LE_TOP1) \
 		--out $(ROUTE)/le_k8c10_2k
-	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(COPY_HEADS) --lengths 2048 8192 --top-k 1 \
-		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2wcd10
-	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(COPY_HEADS) --lengths 2048 8192 --top-k 1 \
-		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_k8c10
+	$(VENV)/bin/focusattn bench-model --adapter $(G2) --rebalance-warm $(COPY_HEADS) $(BM_TOP1) --out $(ROUTE)/bm_g2wcd10
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 $(COPY_HEADS) $(BM_TOP1) --out $(ROUTE)/bm_k8c10
 	cp $(ROUTE)/le_g2wcd10_2k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10.json
 	cp $(ROUTE)/le_g2wcd10_8k/long_eval.json docs/results/long_eval_attention_g2_warm_copy10_8k.json
 	cp $(ROUTE)/le_k8c10_2k/long_eval.json docs/results/long_eval_k8_copy10.json
