@@ -78,13 +78,11 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     acfg["weights_sha256"] = hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest()
     over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
                               ("rebalance_warm", rebalance_warm)) if v is not None}
-    if isinstance(spec, tuple):
-        over["dense_heads"] = spec
+    if spec is not None:  # named pairs, or the scored ones: validated with the rest of the config
+        over["dense_heads"] = spec if scored is None else scored
     if over:
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **over}).to_dict()
     cfg = summary["config"]
-    if scored is not None:
-        acfg["focus_config"]["dense_heads"] = [list(h) for h in scored]
     write_json(tmp / CONFIG, acfg)
     if rebalance is not None and cfg["focus"].get("rebalance") == rebalance:
         served = (f" Trained and shipped with online rebalancing every {rebalance} tokens (`FocusConfig.rebalance`: "
