@@ -44,6 +44,14 @@ class FocusConfig:
     rebalance_warm: each re-estimate starts from the previous one's potentials instead of zero (still causal), so
         ``sinkhorn_iters`` steps reach balance on the nearly hard assignments of a small tau (see
         ``router.online_offsets``). False keeps adapters saved before it serving exactly as measured.
+    capacity: a hard cap on group sizes at hard top-k (not in the paper; causal routing): a token never joins a
+        group that already holds more than ``capacity`` times the balanced share of the *earlier* tokens' key
+        memberships, counted at the start of its block of ``router.CAPACITY_BLOCK`` positions (so it is causal, and
+        a prefill and the decode steps after it give the same groups); it takes its best groups among the others.
+        Why: online rebalancing only shifts soft scores, and routers trained on the attention objective still put
+        0.3-0.6 of a text unlike their training corpus in one group of some layer (measured), which makes that
+        layer's group part cost several times a balanced one's. The soft groups (training, the soft gate) are
+        unchanged. 0 = off; else at least 1, and ``K / (K - k + 1)`` for key top-k ``k``, so enough groups stay open.
     global_rate: the share of tokens a learned scorer makes *global keys* (not in the paper): visible to every later
         query, like the sinks, chosen by each key's own layer input (causal). Measured reason: in SmolLM2 a few
         keys hold most of the attention paid beyond the window (docs/RESULTS.md, attention recall). 0 = off.
@@ -74,6 +82,7 @@ class FocusConfig:
     sink_tokens: int = 1
     rebalance: int = 0
     rebalance_warm: bool = False
+    capacity: float = 0.0
     global_rate: float = 0.0
     dense_heads: tuple[tuple[int, int], ...] = ()
 
@@ -128,6 +137,15 @@ class FocusConfig:
             bad("rebalance_warm", "True or False")
         if self.rebalance_warm and not self.rebalance:
             bad("rebalance_warm", "False with rebalance=0 (warm starts chain the online re-estimates; set rebalance)")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, (int, float)) \
+                or not (self.capacity == 0 or self.capacity >= 1):
+            bad("capacity", "0 (off) or a float >= 1 (the largest group as a multiple of the balanced share)")
+        if self.capacity and self.routing != "causal":
+            bad("capacity", f"0 with routing={self.routing!r} (the cap counts earlier tokens: causal routing)")
+        kk = self.served_key_top_k
+        if self.capacity and kk is not None and self.capacity < self.num_groups / (self.num_groups - kk + 1):
+            bad("capacity", f"0 or >= {self.num_groups / (self.num_groups - kk + 1):.4g} = K / (K - k + 1) with "
+                f"key top-k {kk} (fewer open groups than a token joins)")
         if isinstance(self.global_rate, bool) or not isinstance(self.global_rate, (int, float)) \
                 or not 0.0 <= self.global_rate < 1.0:
             bad("global_rate", "a float in [0, 1) (share of tokens made global keys; 0 = off)")

@@ -48,6 +48,55 @@ def hard_memberships(scores: torch.Tensor, cfg: FocusConfig,
     return zeros.scatter(-1, idx[..., :kk], True), zeros.scatter(-1, idx[..., :cfg.top_k], True)
 
 
+CAPACITY_BLOCK = 64  # positions that share one capacity decision (FocusConfig.capacity): a block of tokens is
+# routed as one tensor op, so a prefill of T tokens costs T / 64 small steps per layer; a group may overshoot its cap
+# by at most one block's tokens.
+
+
+@torch.no_grad()
+def capacity_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: torch.Tensor | None = None, *,
+                         mask: torch.Tensor | None = None, start: int = 0,
+                         memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`hard_memberships` under ``cfg.capacity``: the tokens at positions ``start .. start + T - 1`` of block
+    ``[s, s + CAPACITY_BLOCK)`` may not join a group whose key-membership count over the real tokens before ``s``
+    exceeds ``capacity`` times the balanced share; they rank only the other groups. ``memo["capacity"]`` carries the
+    counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the counts ``base`` at block start ``s``) from
+    a prefill to the decode steps after it, which must follow it without a gap. ``query_groups``
+    (``cfg.query_proj``): the queries rank their own scores, uncapped (the cap bounds the keys a group holds)."""
+    b, t, k = groups.shape
+    state = None if memo is None or start == 0 else memo.get("capacity")
+    if start > 0 and (state is None or state["n"] != start):
+        raise ValueError(f"capacity needs the group counts of the {start} earlier tokens: start generation with a "
+                         "full prefill after setting capacity")
+    if state is None:
+        zero = torch.zeros(b, k, dtype=torch.float32, device=groups.device)
+        state = {"n": 0, "s": 0, "run": zero, "base": zero, "full": torch.zeros(b, k, dtype=torch.bool,
+                                                                              device=groups.device)}
+    run = state["run"].clone()
+    mems, qmems, pos = [], [], start
+    while pos < start + t:
+        s = pos // CAPACITY_BLOCK * CAPACITY_BLOCK
+        full = state["full"]
+        if s != state["s"]:  # a new block: its cap counts exactly the tokens before s (routed, no gap)
+            full = run > cfg.capacity * run.sum(-1, keepdim=True) / k
+            state = {**state, "s": s, "base": run.clone(), "full": full}
+        end = min(s + CAPACITY_BLOCK, start + t)
+        g = groups[:, pos - start:end - start]
+        g = g.masked_fill(full[:, None, :], -1.0)  # below any probability (no host sync on a GPU)
+        qg = None if query_groups is None else query_groups[:, pos - start:end - start]
+        mem, qmem = hard_memberships(g, cfg, qg)
+        valid = mem if mask is None else mem & mask[:, pos - start:end - start, None]
+        run = run + valid.sum(1).to(run.dtype)
+        mems.append(mem)
+        qmems.append(qmem)
+        pos = end
+    if memo is not None:
+        memo["capacity"] = {**state, "n": start + t, "run": run}
+    if len(mems) == 1:
+        return mems[0], qmems[0]
+    return torch.cat(mems, 1), None if qmems[0] is None else torch.cat(qmems, 1)
+
+
 @torch.no_grad()
 def online_offsets(logits: torch.Tensor, base: torch.Tensor, every: int, iters: int, *, start: int = 0,
                    past: torch.Tensor | None = None, past_valid: torch.Tensor | None = None,
@@ -248,7 +297,8 @@ class FocusRouter(nn.Module):
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = qmem = None
         if cfg.top_k is not None:
-            membership, qmem = hard_memberships(groups, cfg, qgroups)
+            membership, qmem = capacity_memberships(groups, cfg, qgroups, mask=mask, start=start, memo=memo) \
+                if cfg.capacity else hard_memberships(groups, cfg, qgroups)
         glob = gl = None
         if self.globals is not None:
             gl = self.globals(h.to(self.globals.weight.dtype)).squeeze(-1)
@@ -300,7 +350,8 @@ class FocusRouter(nn.Module):
         if asym:
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
-        membership, qmem = hard_memberships(groups, cfg, qgroups)
+        membership, qmem = capacity_memberships(groups, cfg, qgroups, start=start, memo=memo) if cfg.capacity \
+            else hard_memberships(groups, cfg, qgroups)
         glob = None
         if self.globals is not None:  # forward's rule at evaluation: above the learned threshold
             w = self.globals.weight
