@@ -92,7 +92,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
                   rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None,
-                  recall_windows: int = 0, command: str | None = None,
+                  capacity: float | None = None, recall_windows: int = 0, command: str | None = None,
                   progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
@@ -116,7 +116,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}: allowed {known}")
     pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance,
-                     rebalance_warm=rebalance_warm, dense_heads=dense_heads)
+                     rebalance_warm=rebalance_warm, dense_heads=dense_heads, capacity=capacity)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
@@ -127,7 +127,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     others = {}
     if "random" in baselines:
         others["random"] = compose(load_model(model)[0], dataclasses.replace(
-            cfg, routing="random", rebalance=0, rebalance_warm=False, global_rate=0.0))
+            cfg, routing="random", rebalance=0, rebalance_warm=False, capacity=0.0, global_rate=0.0))
     if "untrained" in baselines:  # groups only: an untrained global-key scorer has no threshold to serve
         torch.manual_seed(0)
         others["untrained"] = compose(load_model(model)[0], dataclasses.replace(cfg, top_k=None, global_rate=0.0))
