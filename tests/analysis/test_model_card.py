@@ -101,15 +101,19 @@ def test_ship_adapter_serves_warm_rebalancing_and_scored_dense_heads(tmp_path, t
     s = json.loads((RESULTS / "retrofit_default.json").read_text())
     s["config"]["model"] = model_dir
     (run / "summary.json").write_text(json.dumps(s))
-    out = ship_adapter(run, "tiny-copy2", dest=tmp_path / "pkg", rebalance_warm=True,
+    out = ship_adapter(run, "tiny-copy2", dest=tmp_path / "pkg", rebalance_warm=True, capacity=1.5,
                        dense_heads="induction:1+duplicate:1")
     cfg = read_adapter_config(out)["focus_config"]
     assert cfg["rebalance_warm"] is True and len({tuple(h) for h in cfg["dense_heads"]}) == 2
+    assert cfg["capacity"] == 1.5
     card = (out / "README.md").read_text()
     assert "warm-started rebalancing" in card and "--dense-heads induction:1+duplicate:1" in card
+    assert "capped at 1.5x the balanced share" in card
     assert "duplicate-token score" in card
     named = ship_adapter(run, "tiny-named", dest=tmp_path / "pkg", dense_heads="1:0")
     assert read_adapter_config(named)["focus_config"]["dense_heads"] == [[1, 0]]
     with pytest.raises(ValueError, match="dense_heads"):
         ship_adapter(run, "bad", dest=tmp_path / "pkg", dense_heads="copy:2")
+    with pytest.raises(ValueError, match="capacity"):
+        ship_adapter(run, "bad", dest=tmp_path / "pkg", capacity=0.5)
     assert not (tmp_path / "pkg" / "bad").exists() and not (tmp_path / "pkg" / "bad.tmp").exists()

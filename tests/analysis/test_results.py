@@ -64,6 +64,16 @@ def test_pareto_changes_are_against_the_original_of_the_same_run():
     assert "11.00 (+10.0%)" in text and "21.00 (+5.0%)" in text  # not 21 vs the first run's 10 (+110%)
 
 
+def test_pareto_names_the_serving_settings_a_command_added():
+    from focusattn.analysis.pareto import _adapter_name
+
+    cfg = {"rebalance": 256, "rebalance_warm": True, "capacity": 1.5, "dense_heads": [[1, 0], [2, 1]]}
+    doc = {"adapter": "runs/g2/adapter", "focus_config": cfg,
+           "command": "focusattn long-eval --adapter runs/g2/adapter --rebalance-warm --capacity 1.5 --dense-heads x"}
+    assert _adapter_name(doc) == "runs/g2 +warm +cap 1.5 +2 dense heads"
+    assert _adapter_name({**doc, "command": "focusattn long-eval --adapter runs/g2/adapter"}) == "runs/g2"
+
+
 def test_dense_heads_section_renders_the_sweep(tmp_path):
     q = lambda p, r, k: {"ppl_a": p, "ppl_b": p + 1, "repeat_ppl": r, "passkey": k}  # noqa: E731
     doc = {"command": "python scripts/dense_heads_sweep.py --out x", "adapter": "runs/a/adapter", "T": 2048,

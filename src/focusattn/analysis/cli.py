@@ -64,15 +64,17 @@ def _ship(a) -> int:
     from .model_card import derive_adapter, ship_adapter
 
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers
-        if a.rebalance is not None or a.rebalance_warm:
-            raise InputError("run", a.run, "--rebalance/--rebalance-warm need a retrofit folder (summary.json); "
+        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None:
+            raise InputError("run", a.run, "--rebalance/--rebalance-warm/--capacity need a retrofit folder "
+                             "(summary.json); "
                              "another adapter's routers are shipped with their own rebalancing")
         out = derive_adapter(a.run, a.name, dense_heads=a.dense_heads, long_eval=a.long_eval,
                              model_bench=a.model_bench)
         print(f"wrote {out} (adapter + README.md model card)")
         return 0
     out = ship_adapter(a.run, a.name, long_eval=a.long_eval, model_bench=a.model_bench, rebalance=a.rebalance,
-                       rebalance_warm=a.rebalance_warm, dense_heads=a.dense_heads, first_phase=a.first_phase)
+                       rebalance_warm=a.rebalance_warm, capacity=a.capacity, dense_heads=a.dense_heads,
+                       first_phase=a.first_phase)
     print(f"wrote {out} (adapter + README.md model card)")
     return 0
 
@@ -142,6 +144,9 @@ def register(sub) -> None:
                    help="ship with this online-rebalancing interval in tokens (inference setting; 0 = off)")
     s.add_argument("--rebalance-warm", action="store_true", default=None,
                    help="ship with warm-started online rebalancing (FocusConfig.rebalance_warm; inference setting)")
+    s.add_argument("--capacity", type=float, default=None,
+                   help="ship with this group-size cap at hard top-k, a multiple of the balanced share "
+                        "(FocusConfig.capacity; inference setting; 0 = off)")
     s.add_argument("--first-phase", default=None,
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.add_argument("--dense-heads", default=None,

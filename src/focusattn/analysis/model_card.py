@@ -39,10 +39,10 @@ def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | 
 
 def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,
                  rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads: str | None = None,
-                 first_phase=None) -> Path:
+                 capacity: float | None = None, first_phase=None) -> Path:
     """``run_dir``: a ``focusattn retrofit --out`` folder (``summary.json`` + ``adapter/``). Returns the new folder.
-    ``rebalance`` / ``rebalance_warm`` / ``dense_heads`` (a ``--dense-heads`` spec; scored heads are measured on
-    the run's model): ship the adapter with these inference settings (see FocusConfig), not the ones it was saved
+    ``rebalance`` / ``rebalance_warm`` / ``capacity`` / ``dense_heads`` (a ``--dense-heads`` spec; scored heads
+    are measured on the run's model): ship the adapter with these inference settings (see FocusConfig), not the ones it was saved
     with.
     ``first_phase``: the retrofit folder the run continued from (``--init-adapter``), so the card gives both
     commands: the adapter cannot be rebuilt from the last one alone."""
@@ -66,6 +66,14 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     scored = None  # scored heads: measured on the run's model with these routers, before anything is written
     if isinstance(spec, dict):
         scored = _scored(summary["config"]["model"], run / "adapter", spec)
+    acfg = json.loads((run / "adapter" / CONFIG).read_text())
+    over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
+                              ("rebalance_warm", rebalance_warm),
+                              ("capacity", None if capacity is None else float(capacity))) if v is not None}
+    if spec is not None:  # named pairs, or the scored ones: validated with the rest of the config
+        over["dense_heads"] = spec if scored is None else scored
+    if over:  # validated before anything is written
+        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **over}).to_dict()
     out = (dest or HERE) / name
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -73,15 +81,8 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     for f in (CONFIG, WEIGHTS):
         shutil.copy2(run / "adapter" / f, tmp / f)
     served = ""
-    acfg = json.loads((tmp / CONFIG).read_text())
     # a shipped adapter always carries its tensors' checksum (runs saved before checksums existed have none)
     acfg["weights_sha256"] = hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest()
-    over = {k: v for k, v in (("rebalance", None if rebalance is None else int(rebalance)),
-                              ("rebalance_warm", rebalance_warm)) if v is not None}
-    if spec is not None:  # named pairs, or the scored ones: validated with the rest of the config
-        over["dense_heads"] = spec if scored is None else scored
-    if over:
-        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **over}).to_dict()
     cfg = summary["config"]
     write_json(tmp / CONFIG, acfg)
     if rebalance is not None and cfg["focus"].get("rebalance") == rebalance:
@@ -95,6 +96,10 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     if rebalance_warm:
         served += (" Served with warm-started rebalancing (`FocusConfig.rebalance_warm`: each re-estimate starts "
                    "from the previous one, so the groups stay balanced on sharp router logits).")
+    if capacity:
+        served += (f" Served with group sizes capped at {float(capacity):g}x the balanced share (`FocusConfig.capacity`: "
+                   "a token does not join a group that already holds more of the earlier tokens, so no text puts "
+                   "most tokens in one group).")
     if dense_heads is not None:
         heads = acfg["focus_config"]["dense_heads"]
         listed = ", ".join(f"{a}:{b}" for a, b in heads)

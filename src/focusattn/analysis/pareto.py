@@ -17,8 +17,8 @@ def _adapter_name(doc: dict) -> str:
     """One name per adapter configuration: a shipped adapter by its name, a run's adapter by its folder as recorded
     (``runs/e2e/k16``: a retrofit run's ``RUN/adapter`` by the run folder; an absolute path by the folder's name), and
     ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``), and
-    ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``), and
-    ``+N dense heads`` when it served dense heads of its own (``--dense-heads``)."""
+    ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``),
+    ``+cap C`` when it served a group-size cap of its own (``--capacity``), and ``+N dense heads`` when it served dense heads of its own (``--dense-heads``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
     name = p.name if p.is_absolute() else p.as_posix()
@@ -26,6 +26,7 @@ def _adapter_name(doc: dict) -> str:
     rb = cfg.get("rebalance") or 0
     name = f"{name} +rebalance {rb}" if rb and "--rebalance" in cmd else name
     name = f"{name} +warm" if cfg.get("rebalance_warm") and "--rebalance-warm" in cmd else name
+    name = f"{name} +cap {cfg['capacity']:g}" if cfg.get("capacity") and "--capacity" in cmd else name
     heads = cfg.get("dense_heads") or ()
     return f"{name} +{len(heads)} dense heads" if heads and "--dense-heads" in cmd else name
 
