@@ -104,3 +104,30 @@ def test_pairs_kept_of_a_query_projection_counts_the_served_mask():
     with torch.no_grad():
         want = pairs_kept(m, w[0])
     assert got == pytest.approx(want)
+
+
+
+def test_group_stats_count_the_capped_groups(monkeypatch):
+    """With ``capacity`` the top-k shares are those of the capped memberships the model serves (of the same soft
+    groups): fewer pairs than the uncapped count where one group draws every token."""
+    import torch
+
+    import focusattn as fa
+    from focusattn.analysis.groups import group_stats
+    from focusattn.focus import router as R
+    from focusattn.hf import routers, update_config
+    from tests.conftest import tiny_model
+
+    monkeypatch.setattr(R, "CAPACITY_BLOCK", 4)
+    torch.manual_seed(0)
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, capacity=1.2)).eval()
+    with torch.no_grad():
+        for r in routers(m):
+            r.centroids[0] += 5.0 * r.proj.weight.sum(1) / r.proj.weight.sum(1).norm()  # one group everyone wants
+    w = np.random.default_rng(0).integers(1, 90, (1, 48))
+    capped = group_stats(m, w, top_ks=(1,))
+    update_config(m, capacity=0.0)
+    plain = group_stats(m, w, top_ks=(1,))
+    assert capped["layers"] == plain["layers"]  # the same soft groups
+    assert capped["pairs_kept"]["top1"] < plain["pairs_kept"]["top1"]

@@ -52,8 +52,10 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
     with the model's window and sink settings, as a share of all causal pairs. ``roles``: key top-ks served with
     query top-1 (query and key roles), counted as ``"top1key{k}"``.
     """
+    import dataclasses
+
     from ..focus.config import FocusConfig
-    from ..focus.router import hard_memberships
+    from ..focus.router import capacity_memberships, hard_memberships
 
     model.eval()
     device = next(model.parameters()).device
@@ -77,7 +79,8 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
             for k in top_ks:
                 if r.cfg.query_proj:  # the queries' groups come from their own projection: counted below, served
                     continue
-                member = topk_membership(g, k)
+                member = topk_membership(g, k) if not r.cfg.capacity else \
+                    capacity_memberships(g, dataclasses.replace(r.cfg, top_k=k, key_top_k=None))[0]  # as served
                 kept[f"top{k}"] += _with_dense(model, i, t, focus_allowed(member, r.cfg.window, t, sinks).sum().item())
             for k in roles:
                 km, qm = hard_memberships(g, FocusConfig(num_groups=r.cfg.num_groups, top_k=1, key_top_k=k))
