@@ -99,7 +99,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     if capacity:
         served += (f" Served with group sizes capped at {float(capacity):g}x the balanced share (`FocusConfig.capacity`: "
                    "a token does not join a group that already holds more of the earlier tokens, so no text puts "
-                   "most tokens in one group).")
+                   "most tokens in one group; the run's own tables below are without it).")
     if dense_heads is not None:
         heads = acfg["focus_config"]["dense_heads"]
         listed = ", ".join(f"{a}:{b}" for a, b in heads)
