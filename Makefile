@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 python-docs
 
 setup: $(STAMP)
 
@@ -342,4 +342,22 @@ copy-heads: $(STAMP)
 	for b in bm_g2wcd10:model_bench_attention_g2_warm_copy10 bm_k8c10:model_bench_k8_copy10; do \
 		cp $(ROUTE)/$${b%%:*}/model_bench.json docs/results/$${b#*:}.json; \
 		cp $(ROUTE)/$${b%%:*}/model_bench.png docs/results/$${b#*:}.png; done
+	$(MAKE) results
+
+# The attention-objective routers shipped by name (smollm2-135m-focus-g2), served with warm rebalancing, the
+# group-size cap (FocusConfig.capacity) and the copy heads; measured by name, as a user loads it (2048 with every
+# baseline + recall, 8192, whole-model speed), then shipped again with those tables on its card. ~1.5 h on 2 cores.
+G2_RUN ?= $(patsubst %/adapter,%,$(G2))
+G2_SERVE := --rebalance-warm --capacity 1.5 $(COPY_HEADS)
+ship-g2: $(STAMP)
+	$(VENV)/bin/focusattn ship-adapter $(G2_RUN) --name smollm2-135m-focus-g2 $(G2_SERVE)
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_FLAGS) $(LE_TOP1) --out $(ROUTE)/le_g2ship_2k
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_8K) --out $(ROUTE)/le_g2ship_8k
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 $(BM_TOP1) --out $(ROUTE)/bm_g2ship
+	cp $(ROUTE)/le_g2ship_2k/long_eval.json docs/results/long_eval_g2.json
+	cp $(ROUTE)/le_g2ship_8k/long_eval.json docs/results/long_eval_g2_8k.json
+	cp $(ROUTE)/bm_g2ship/model_bench.json docs/results/model_bench_g2.json
+	cp $(ROUTE)/bm_g2ship/model_bench.png docs/results/model_bench_g2.png
+	$(VENV)/bin/focusattn ship-adapter $(G2_RUN) --name smollm2-135m-focus-g2 $(G2_SERVE) \
+		--long-eval docs/results/long_eval_g2.json --model-bench docs/results/model_bench_g2.json
 	$(MAKE) results
