@@ -60,7 +60,7 @@ def capacity_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: t
     """:func:`hard_memberships` under ``cfg.capacity``: the tokens at positions ``start .. start + T - 1`` of block
     ``[s, s + CAPACITY_BLOCK)`` may not join a group whose key-membership count over the real tokens before ``s``
     exceeds ``capacity`` times the balanced share; they rank only the other groups. ``memo["capacity"]`` carries the
-    counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the counts ``base`` at block start ``s``) from
+    counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the groups ``full`` at block start ``s``) from
     a prefill to the decode steps after it, which must follow it without a gap. ``query_groups``
     (``cfg.query_proj``): the queries rank their own scores, uncapped (the cap bounds the keys a group holds)."""
     b, t, k = groups.shape
@@ -69,24 +69,23 @@ def capacity_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: t
         raise ValueError(f"capacity needs the group counts of the {start} earlier tokens: start generation with a "
                          "full prefill after setting capacity")
     if state is None:
-        zero = torch.zeros(b, k, dtype=torch.float32, device=groups.device)
-        state = {"n": 0, "s": 0, "run": zero, "base": zero, "full": torch.zeros(b, k, dtype=torch.bool,
-                                                                              device=groups.device)}
-    run = state["run"].clone()
+        state = {"n": 0, "s": 0, "run": torch.zeros(b, k, dtype=torch.long, device=groups.device),
+                 "full": torch.zeros(b, k, dtype=torch.bool, device=groups.device)}
+    run = state["run"]  # never written in place: each block makes a new tensor
     mems, qmems, pos = [], [], start
     while pos < start + t:
         s = pos // CAPACITY_BLOCK * CAPACITY_BLOCK
         full = state["full"]
         if s != state["s"]:  # a new block: its cap counts exactly the tokens before s (routed, no gap)
             full = run > cfg.capacity * run.sum(-1, keepdim=True) / k
-            state = {**state, "s": s, "base": run.clone(), "full": full}
+            state = {**state, "s": s, "full": full}
         end = min(s + CAPACITY_BLOCK, start + t)
         g = groups[:, pos - start:end - start]
         g = g.masked_fill(full[:, None, :], -1.0)  # below any probability (no host sync on a GPU)
         qg = None if query_groups is None else query_groups[:, pos - start:end - start]
         mem, qmem = hard_memberships(g, cfg, qg)
         valid = mem if mask is None else mem & mask[:, pos - start:end - start, None]
-        run = run + valid.sum(1).to(run.dtype)
+        run = run + valid.sum(1)
         mems.append(mem)
         qmems.append(qmem)
         pos = end
