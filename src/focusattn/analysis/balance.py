@@ -11,7 +11,8 @@ import torch
 
 
 def routing_stats(model, t: int) -> dict:
-    """Per layer: the largest group's share of tokens (top-1 assignment), the group-part cost over the balanced
+    """Per layer: the largest group's share of tokens (top-1 assignment: as served at key top-1, ``capacity``
+    included; the soft groups' top-1 otherwise), the group-part cost over the balanced
     value, and the cost-model ratio ``T(T+1)/2 / (group cost + T w)``; plus the worst layer of each. Reads
     ``hf.last_routing(model)``: call after a no-grad forward of ``t`` tokens with hard top-k set."""
     from ..hf import last_routing, routers
@@ -29,7 +30,8 @@ def routing_stats(model, t: int) -> dict:
             nq, kq = qm[0, :t].sum(0).double(), int(qm[0, 0].sum())
             balanced = k_groups * (kq * t / k_groups) * (top_k * t / k_groups) / 2
             group_cost = float((nq * n / 2).sum())
-        top1 = torch.bincount(routing.groups[0, :t].argmax(-1), minlength=k_groups).double()
+        # the served groups where a token holds one (the cap included), else the soft groups' top-1
+        top1 = n if top_k == 1 else torch.bincount(routing.groups[0, :t].argmax(-1), minlength=k_groups).double()
         layers.append({"largest_share": float(top1.max() / t), "group_cost_vs_balanced": group_cost / balanced,
                        "cost_model_ratio": (t * (t + 1) / 2) / (group_cost + t * min(r.cfg.window, t))})
     return {"layers": layers,
