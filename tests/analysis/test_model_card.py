@@ -109,6 +109,8 @@ def test_ship_adapter_serves_warm_rebalancing_and_scored_dense_heads(tmp_path, t
     card = (out / "README.md").read_text()
     assert "warm-started rebalancing" in card and "--dense-heads induction:1+duplicate:1" in card
     assert "capped at 1.5x the balanced share" in card
+    assert f"Shipped by: `focusattn ship-adapter {run} --name tiny-copy2 --rebalance-warm --capacity 1.5 " \
+        "--dense-heads induction:1+duplicate:1`" in card
     assert "duplicate-token score" in card
     named = ship_adapter(run, "tiny-named", dest=tmp_path / "pkg", dense_heads="1:0")
     assert read_adapter_config(named)["focus_config"]["dense_heads"] == [[1, 0]]

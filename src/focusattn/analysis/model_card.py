@@ -132,6 +132,13 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
               f"gate sharpness lambda = {cfg.get('lam_final') or cfg['focus']['lam']} at the end; {minutes:.0f} min "
               f"on 2 CPU cores in all.{served}",
               "", "## Perplexity at the training length", "", retrofit_table(summary)]
+    flags = [f"--rebalance {rebalance}" if rebalance is not None else "", "--rebalance-warm" if rebalance_warm else "",
+             f"--capacity {float(capacity):g}" if capacity is not None else "",
+             f"--dense-heads {dense_heads}" if dense_heads is not None else "",
+             f"--first-phase {first_phase}" if first_phase else ""]
+    if any(flags):  # the serving settings are the shipper's: the card says how to ship them again
+        at = lines.index("## Perplexity at the training length") - 1
+        lines[at:at] = ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name} {' '.join(f for f in flags if f)}`"]
     return _finish(tmp, out, lines, le, mb)
 
 
