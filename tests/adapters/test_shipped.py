@@ -32,6 +32,20 @@ def _routing_shares(name, data, n=2048):
     return model, val, x, a, shares, fa.hf.focus_config(model)
 
 
+def test_the_g2_adapter_ships_with_its_serving_settings_and_commands():
+    """The attention-objective routers: shipped with the cap and the copy heads, the card giving the training
+    command and the measured tables' commands (by name, as a user loads it)."""
+    from focusattn.hf.io import read_adapter_config
+
+    assert "smollm2-135m-focus-g2" in NAMES
+    cfg = read_adapter_config(adapters.HERE / "smollm2-135m-focus-g2")["focus_config"]
+    assert cfg["capacity"] == 1.5 and cfg["rebalance_warm"] and len(cfg["dense_heads"]) == 10
+    card = (adapters.HERE / "smollm2-135m-focus-g2" / "README.md").read_text()
+    assert "focusattn retrofit --objective attention" in card
+    assert "focusattn long-eval --adapter smollm2-135m-focus-g2" in card
+    assert "focusattn bench-model --adapter smollm2-135m-focus-g2" in card
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_shipped_adapter_is_causal(name):
     model, val, x, a, _, _ = _routing_shares(name, "lee-news", 1024)
