@@ -99,3 +99,20 @@ def test_dense_heads_section_renders_the_duplicate_sweep_by_spec(tmp_path):
     assert "### Dense heads: duplicate-token heads beside induction heads" in text
     assert "duplicate-token score" in text and "--specs x --out y" in text
     assert "| induction:6+duplicate:4 (10) | 33.0% | top-1 | 10.20 (+2.0%) | 1.60 | 0.33 |" in text
+
+
+def test_capacity_section_renders_the_sweep(tmp_path):
+    q = lambda p, r, k: {"ppl_a": p, "ppl_b": p + 1, "repeat_ppl": r, "passkey": k}  # noqa: E731
+    doc = {"command": "python scripts/capacity_sweep.py --out x", "adapter": "g2", "T": 2048, "long": 8192,
+           "corpora": ["a", "b"], "filler": "b", "focus_config": {"dense_heads": [[1, 0]]},
+           "original": q(10.0, 1.5, 1.0),
+           "rows": [{"capacity": 0.0, "pairs_kept": 0.4, "pairs_kept_long": 0.3, "largest_group": {"a": 0.6, "b": 0.5},
+                     "top1": q(10.2, 1.6, 1.0), "duo": {"window": 600, **q(10.5, 2.0, 0.0)}},
+                    {"capacity": 1.5, "pairs_kept": 0.35, "pairs_kept_long": 0.27,
+                     "largest_group": {"a": 0.21, "b": 0.2}, "top1": q(10.3, 1.7, 0.67),
+                     "duo": {"window": 500, **q(10.6, 2.1, 0.0)}}]}
+    (tmp_path / "capacity_sweep.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "### Group-size cap (`FocusConfig.capacity`)" in text and "capacity_sweep.py --out x" in text
+    assert "| 1.5 | 35.0% | 27.0% | 0.21 / 0.20 | top-1 | 10.30 (+3.0%) | 11.30 (+2.7%) | 1.70 | 0.67 |" in text
+    assert "| off | 40.0% | 30.0% | 0.60 / 0.50 | top-1 |" in text

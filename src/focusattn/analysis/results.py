@@ -102,6 +102,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         parts += ["### Dense heads: duplicate-token heads beside induction heads (`--dense-heads "
                   "induction:N+duplicate:M`)\n", dense_heads_markdown(_load(d / "dense_heads_duplicate_sweep.json")),
                   ""]
+    if (d / "capacity_sweep.json").exists():
+        parts += ["### Group-size cap (`FocusConfig.capacity`)\n", capacity_markdown(_load(d / "capacity_sweep.json")),
+                  ""]
     for bp, b in zip(bench_paths, bench_docs):  # each JSON's plot sits beside it under the same name
         png = bp.with_suffix(".png")
         parts += [f"### Whole-model speed: `{b['adapter']}`\n",
@@ -378,6 +381,39 @@ def dense_heads_markdown(doc: dict) -> str:
         label = f"{r['spec']} ({n})" if specs else str(n)
         lines.append(f"| {label} | {kept} | top-1 | " + " | ".join(cells(r["top1"])) + " |")
         lines.append(f"| {label} | {kept} | duo (window {r['duo']['window']}) | " + " | ".join(cells(r["duo"]))
+                     + " |")
+    return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
+
+
+def capacity_markdown(doc: dict) -> str:
+    """``scripts/capacity_sweep.py``: top-1 served with each group-size cap (``FocusConfig.capacity``, 0 = off): the
+    pairs it keeps, the largest group per corpus, quality, and the DuoAttention-style baseline at the same budget."""
+    orig, corpora = doc["original"], doc["corpora"]
+
+    def cells(q: dict) -> list[str]:
+        out = [f"{q[f'ppl_{c}']:.2f} ({100 * (q[f'ppl_{c}'] / orig[f'ppl_{c}'] - 1):+.1f}%)" for c in corpora]
+        return out + [f"{q['repeat_ppl']:.2f}", f"{q['passkey']:.2f}"]
+
+    long = doc.get("long")
+    head = (["cap", f"pairs kept (T={doc['T']})"] + ([f"pairs kept (T={long})"] if long else [])
+            + ["largest group (" + " / ".join(corpora) + ")", "mask"] + [f"ppl {c}" for c in corpora]
+            + ["repeat-copy ppl", "passkey"])
+    heads = len(doc["focus_config"].get("dense_heads") or ())
+    lines = [f"Adapter `{doc['adapter']}` at top-1 ({heads} dense heads), T = {doc['T']}; cap = the largest share "
+             "of the earlier tokens' key memberships a group may hold, as a multiple of the balanced share (0 = "
+             "off); largest group = the largest share of a window's tokens in one group, max over layers. `duo`: "
+             "the same dense heads, window + first token on the other heads, at the same share of causal pairs. "
+             f"Repeat-copy and passkey filler: {doc['filler']}; perplexity on held-out windows.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+             "| — | 100% | " + ("100% | " if long else "") + "— | original | "
+             + " | ".join(f"{orig[f'ppl_{c}']:.2f}" for c in corpora)
+             + f" | {orig['repeat_ppl']:.2f} | {orig['passkey']:.2f} |"]
+    for r in doc["rows"]:
+        cap = f"{r['capacity']:g}" if r["capacity"] else "off"
+        kept = f"{100 * r['pairs_kept']:.1f}%" + (f" | {100 * r['pairs_kept_long']:.1f}%" if long else "")
+        big = " / ".join(f"{r['largest_group'][c]:.2f}" for c in corpora)
+        lines.append(f"| {cap} | {kept} | {big} | top-1 | " + " | ".join(cells(r["top1"])) + " |")
+        lines.append(f"| {cap} | {kept} | — | duo (window {r['duo']['window']}) | " + " | ".join(cells(r["duo"]))
                      + " |")
     return "\n".join(lines + ["", f"Command: `{doc['command']}`"])
 
