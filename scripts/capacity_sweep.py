@@ -12,25 +12,16 @@ import argparse
 import sys
 
 import torch
+from dense_heads_sweep import duo, probes, quality  # the same tests as the dense-heads sweep (scripts/ is on the path)
 
 from focusattn._io import write_json
 from focusattn.analysis.balance import routing_stats
 from focusattn.data.corpora import load_corpus
-from focusattn.data.tokens import eval_windows, tokenize
+from focusattn.data.tokens import tokenize
 from focusattn.eval.longctx import pairs_kept
-from focusattn.eval.perplexity import perplexity
-from focusattn.eval.probes import passkey_accuracy, passkey_sequences, repeat_copy_ppl, repeat_copy_sequences
 from focusattn.hf import focus_config, set_top_k, update_config
-from focusattn.hf.baselines import restore, sliding_sink, window_for_budget
 from focusattn.hf.compose import kv_heads, routers
 from focusattn.hf.pair import load_pair
-
-
-def quality(m, tests) -> dict:
-    row = {f"ppl_{c}": perplexity(m, w, progress=False)["ppl"] for c, w in tests["ppl"].items()}
-    row["repeat_ppl"] = repeat_copy_ppl(m, tests["repeat"], progress=False)["ppl"]
-    row["passkey"] = passkey_accuracy(m, tests["passkey"], progress=False)["accuracy"]
-    return row
 
 
 def largest(m, tokens, t: int) -> float:
@@ -57,10 +48,7 @@ def main() -> None:
     base, focus, tok = pair.base, pair.focus, pair.tokenizer
     set_top_k(focus, 1)
     val = {c: tokenize(load_corpus(c), tok, tokenizer_id="smollm2-135m")[1] for c in a.corpora}
-    filler = val[a.corpora[1]]
-    tests = {"ppl": {c: eval_windows(v, t, a.ppl_windows) for c, v in val.items()},
-             "repeat": repeat_copy_sequences(filler, t, passage=256, distance=min(1024, t // 2), n=a.repeat_n),
-             "passkey": passkey_sequences(filler, tok, t, depths=(0.1, 0.5, 0.9), per_depth=1)}
+    tests = probes(val, tok, t, a.corpora[1], a.ppl_windows, a.repeat_n)
     cfg = focus_config(focus)
     heads = cfg.dense_heads
     doc = {"command": "python " + " ".join(sys.argv), "adapter": a.adapter, "T": t, "long": a.long,
@@ -74,10 +62,7 @@ def main() -> None:
         row = {"capacity": cap, "pairs_kept": budget,
                "pairs_kept_long": pairs_kept(focus, val[a.corpora[0]][:a.long]) if a.long else None,
                "largest_group": {c: largest(focus, v, t) for c, v in val.items()}, "top1": quality(focus, tests)}
-        w = window_for_budget(t, budget, 1, dense)
-        sliding_sink(base, w, 1, heads)
-        row["duo"] = {"window": w, **quality(base, tests)}
-        restore(base)
+        row["duo"] = duo(base, tests, t, budget, dense, heads)
         doc["rows"].append(row)
         print(row, flush=True)
         write_json(a.out, doc)  # after every cap: a partial sweep is kept

@@ -29,11 +29,29 @@ from focusattn.hf.heads import copy_scores, parse_dense_heads, scored_heads
 from focusattn.hf.pair import load_pair
 
 
+def probes(val: dict, tok, t: int, filler: str, ppl_windows: int, repeat_n: int) -> dict:
+    """The sweeps' tests at length ``t``: held-out windows of each corpus, repeat-copy and passkey in ``filler``."""
+    return {"ppl": {c: eval_windows(v, t, ppl_windows) for c, v in val.items()},
+            "repeat": repeat_copy_sequences(val[filler], t, passage=256, distance=min(1024, t // 2), n=repeat_n),
+            "passkey": passkey_sequences(val[filler], tok, t, depths=(0.1, 0.5, 0.9), per_depth=1)}
+
+
 def quality(m, tests) -> dict:
     row = {f"ppl_{c}": perplexity(m, w, progress=False)["ppl"] for c, w in tests["ppl"].items()}
     row["repeat_ppl"] = repeat_copy_ppl(m, tests["repeat"], progress=False)["ppl"]
     row["passkey"] = passkey_accuracy(m, tests["passkey"], progress=False)["accuracy"]
     return row
+
+
+def duo(base, tests, t: int, budget: float, dense: float, heads) -> dict:
+    """The DuoAttention-style baseline at ``budget``: ``heads`` dense (their share ``dense``), window + first token
+    on the others, the window chosen for the same share of causal pairs."""
+    w = window_for_budget(t, budget, 1, dense)
+    sliding_sink(base, w, 1, heads)
+    try:
+        return {"window": w, **quality(base, tests)}
+    finally:
+        restore(base)
 
 
 def main() -> None:
@@ -57,10 +75,7 @@ def main() -> None:
     base, focus, tok, t = pair.base, pair.focus, pair.tokenizer, a.length
     set_top_k(focus, 1)
     val = {c: tokenize(load_corpus(c), tok, tokenizer_id="smollm2-135m")[1] for c in a.corpora}
-    filler = val[a.corpora[1]]
-    tests = {"ppl": {c: eval_windows(v, t, a.ppl_windows) for c, v in val.items()},
-             "repeat": repeat_copy_sequences(filler, t, passage=256, distance=min(1024, t // 2), n=a.repeat_n),
-             "passkey": passkey_sequences(filler, tok, t, depths=(0.1, 0.5, 0.9), per_depth=1)}
+    tests = probes(val, tok, t, a.corpora[1], a.ppl_windows, a.repeat_n)
     scores = copy_scores(focus)
     hkv, layers = kv_heads(focus), scores["induction"].shape[0]
     doc = {"command": "python " + " ".join(sys.argv), "adapter": a.adapter, "T": t, "corpora": a.corpora,
@@ -74,11 +89,7 @@ def main() -> None:
         budget = pairs_kept(focus, val[a.corpora[0]][:t])
         row = {"spec": spec, "heads": n, "dense_heads": [list(h) for h in heads], "pairs_kept": budget,
                "top1": quality(focus, tests)}
-        dense = n / (layers * hkv)
-        w = window_for_budget(t, budget, 1, dense)
-        sliding_sink(base, w, 1, heads)
-        row["duo"] = {"window": w, **quality(base, tests)}
-        restore(base)
+        row["duo"] = duo(base, tests, t, budget, n / (layers * hkv), heads)
         doc["rows"].append(row)
         print(row, flush=True)
         write_json(a.out, doc)  # after every N: a partial sweep is kept
