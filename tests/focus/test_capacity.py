@@ -34,7 +34,7 @@ def _reference(groups, cfg, mask, block):
 @settings(max_examples=40, deadline=None)
 @given(t=st.integers(1, 40), k=st.integers(2, 6), top_k=st.integers(1, 2), cap=st.floats(1.0, 3.0),
        block=st.integers(1, 9), pad=st.integers(0, 5), seed=st.integers(0, 99))
-def test_capacity_memberships_match_the_token_by_token_reference(t, k, top_k, cap, block, pad, seed):
+def test_served_memberships_match_the_token_by_token_reference(t, k, top_k, cap, block, pad, seed):
     top_k = min(top_k, k - 1)
     cap = max(cap, k / (k - top_k + 1))
     cfg = FocusConfig(num_groups=k, top_k=top_k, capacity=cap)
@@ -45,7 +45,7 @@ def test_capacity_memberships_match_the_token_by_token_reference(t, k, top_k, ca
     mask[1, :min(pad, t)] = False  # left padding stays out of the counts
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(R, "CAPACITY_BLOCK", block)
-        mem, qmem = R.capacity_memberships(groups, cfg, mask=mask)
+        mem, qmem = R.served_memberships(groups, cfg, mask=mask)
     assert qmem is None
     assert torch.equal(mem, _reference(groups, cfg, mask, block))
     assert (mem.sum(-1) == top_k).all()
@@ -54,7 +54,7 @@ def test_capacity_memberships_match_the_token_by_token_reference(t, k, top_k, ca
 def test_no_group_grows_past_its_cap_plus_one_block():
     cfg = FocusConfig(num_groups=8, top_k=1, capacity=1.5)
     logits = torch.randn(1, 3000, 8, generator=torch.Generator().manual_seed(0)) + torch.tensor([4.0] + [0.0] * 7)
-    mem, _ = R.capacity_memberships(torch.softmax(logits, -1), cfg)
+    mem, _ = R.served_memberships(torch.softmax(logits, -1), cfg)
     uncapped = R.hard_memberships(torch.softmax(logits, -1), cfg)[0]
     counts = mem[0].cumsum(0).float()  # per position: each group's tokens so far
     n = torch.arange(1, 3001)[:, None]
@@ -65,7 +65,7 @@ def test_no_group_grows_past_its_cap_plus_one_block():
 def test_roles_rank_the_capped_scores_and_a_query_group_stays_one_of_the_key_groups():
     cfg = FocusConfig(num_groups=6, top_k=1, key_top_k=2, capacity=1.5)
     groups = torch.softmax(torch.randn(1, 500, 6) + torch.tensor([3.0, 2.0, 0, 0, 0, 0]), -1)
-    key, query = R.capacity_memberships(groups, cfg)
+    key, query = R.served_memberships(groups, cfg)
     assert (key.sum(-1) == 2).all() and (query.sum(-1) == 1).all()
     assert (query <= key).all()
     assert key[0].sum(0).max() <= 1.5 * 2 * 500 / 6 + 2 * R.CAPACITY_BLOCK

@@ -12,7 +12,7 @@ import torch
 
 from ..focus.attend import served_sinks
 from ..hf.compose import last_routing, routers
-from ..kernels.common import sink_key_mask, topk_membership
+from ..kernels.common import sink_key_mask
 from ..kernels.reference import focus_allowed
 
 
@@ -55,7 +55,7 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
     import dataclasses
 
     from ..focus.config import FocusConfig
-    from ..focus.router import capacity_memberships, hard_memberships
+    from ..focus.router import hard_memberships, served_memberships
 
     model.eval()
     device = next(model.parameters()).device
@@ -79,8 +79,7 @@ def group_stats(model, windows: np.ndarray, top_ks=(), roles=()) -> dict:
             for k in top_ks:
                 if r.cfg.query_proj:  # the queries' groups come from their own projection: counted below, served
                     continue
-                member = topk_membership(g, k) if not r.cfg.capacity else \
-                    capacity_memberships(g, dataclasses.replace(r.cfg, top_k=k, key_top_k=None))[0]  # as served
+                member = served_memberships(g, dataclasses.replace(r.cfg, top_k=k, key_top_k=None))[0]
                 kept[f"top{k}"] += _with_dense(model, i, t, focus_allowed(member, r.cfg.window, t, sinks).sum().item())
             for k in roles:
                 km, qm = hard_memberships(g, FocusConfig(num_groups=r.cfg.num_groups, top_k=1, key_top_k=k))

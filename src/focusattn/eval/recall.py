@@ -15,8 +15,6 @@ Distant mass dropped by a mask over the oracle's says how much of a quality gap 
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -29,14 +27,9 @@ def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -
     serves): a shared group, or a global key. ``key_top_k``: query and key roles (query top-``k``, key
     top-``key_top_k``: the query's groups meet the key's). A router with its own query projection
     (``cfg.query_proj``) serves its queries' top-1 only, so ``k`` must be 1."""
-    old = router.cfg
-    if old.query_proj and k != 1:
+    if router.cfg.query_proj and k != 1:
         raise ValueError(f"top_k={k}: a router with query_proj=True serves query top-1 only; allowed top_k=1")
-    router.cfg = dataclasses.replace(old, top_k=k, key_top_k=key_top_k)
-    try:
-        routing = router(h)
-    finally:
-        router.cfg = old
+    routing = router.served(h, k, key_top_k)
     if routing.query_membership is not None:
         return R.shared_group_keep(routing.query_membership, routing.membership, global_keys=routing.global_keys)
     return R.shared_group_keep(routing.membership, global_keys=routing.global_keys)

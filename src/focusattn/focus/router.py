@@ -1,6 +1,7 @@
 """``FocusRouter``: the per-layer learnable centroid router (the only trainable part of a Focus retrofit)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -54,15 +55,17 @@ CAPACITY_BLOCK = 64  # positions that share one capacity decision (FocusConfig.c
 
 
 @torch.no_grad()
-def capacity_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: torch.Tensor | None = None, *,
-                         mask: torch.Tensor | None = None, start: int = 0,
-                         memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`hard_memberships` under ``cfg.capacity``: the tokens at positions ``start .. start + T - 1`` of block
+def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: torch.Tensor | None = None, *,
+                       mask: torch.Tensor | None = None, start: int = 0,
+                       memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The hard memberships the config serves: :func:`hard_memberships`, under ``cfg.capacity`` when set: the tokens at positions ``start .. start + T - 1`` of block
     ``[s, s + CAPACITY_BLOCK)`` may not join a group whose key-membership count over the real tokens before ``s``
     exceeds ``capacity`` times the balanced share; they rank only the other groups. ``memo["capacity"]`` carries the
     counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the groups ``full`` at block start ``s``) from
     a prefill to the decode steps after it, which must follow it without a gap. ``query_groups``
     (``cfg.query_proj``): the queries rank their own scores, uncapped (the cap bounds the keys a group holds)."""
+    if not cfg.capacity:
+        return hard_memberships(groups, cfg, query_groups)
     b, t, k = groups.shape
     state = None if memo is None or start == 0 else memo.get("capacity")
     if start > 0 and (state is None or state["n"] != start):
@@ -296,8 +299,7 @@ class FocusRouter(nn.Module):
             self.largest_share = float(groups.detach().argmax(-1).flatten().bincount().max()) / groups[..., 0].numel()
         membership = qmem = None
         if cfg.top_k is not None:
-            membership, qmem = capacity_memberships(groups, cfg, qgroups, mask=mask, start=start, memo=memo) \
-                if cfg.capacity else hard_memberships(groups, cfg, qgroups)
+            membership, qmem = served_memberships(groups, cfg, qgroups, mask=mask, start=start, memo=memo)
         glob = gl = None
         if self.globals is not None:
             gl = self.globals(h.to(self.globals.weight.dtype)).squeeze(-1)
@@ -315,6 +317,18 @@ class FocusRouter(nn.Module):
         keep = cfg.rebalance and qlogits is not None
         return Routing(groups, membership, logits.detach() if cfg.rebalance else None, glob, gl, qmem, qgroups,
                        qlogits.detach() if keep else None)
+
+    @torch.no_grad()
+    def served(self, h: torch.Tensor, top_k: int, key_top_k: int | None = None) -> Routing:
+        """The hard routing this router serves on layer input ``h`` (one full sequence) at query top-``top_k`` /
+        key top-``key_top_k`` (None = symmetric), whatever top-k its config serves: the cap and global keys
+        included. For analyses that compare masks at several budgets on one input."""
+        old = self.cfg
+        self.cfg = dataclasses.replace(old, top_k=top_k, key_top_k=key_top_k)
+        try:
+            return self(h)
+        finally:
+            self.cfg = old
 
     def defers(self) -> bool:
         """Hard causal routing in evaluation mode: the routing of a token then depends on its own layer input (and
@@ -349,8 +363,7 @@ class FocusRouter(nn.Module):
         if asym:
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
-        membership, qmem = capacity_memberships(groups, cfg, qgroups, start=start, memo=memo) if cfg.capacity \
-            else hard_memberships(groups, cfg, qgroups)
+        membership, qmem = served_memberships(groups, cfg, qgroups, start=start, memo=memo)
         glob = None
         if self.globals is not None:  # forward's rule at evaluation: above the learned threshold
             w = self.globals.weight

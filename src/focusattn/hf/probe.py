@@ -12,7 +12,6 @@ Both take prefills only (a whole sequence, queries = keys): the evaluations they
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -138,14 +137,8 @@ def oracle_rule(top_k: int) -> RuleFn:
     top-k on this input (same forward, same routing), but those of highest probability (head mean)."""
 
     def rule(layer, module, h, q, k, scale, softcap):
-        router = module.focus_router
-        cfg = router.cfg
-        router.cfg = dataclasses.replace(cfg, top_k=top_k, key_top_k=None)  # served membership (capacity too)
-        try:
-            membership = router(h).membership
-        finally:
-            router.cfg = cfg
-        served = recall.shared_group_keep(membership)
+        cfg = module.focus_router.cfg
+        served = recall.shared_group_keep(module.focus_router.served(h, top_k).membership)  # the cap included
         dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
 
         def keep(r0, r1, probs=None):
