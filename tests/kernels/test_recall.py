@@ -109,3 +109,10 @@ def test_causal_probs_rows_match_reference():
     assert_close(p, _full_probs(q, k), atol=1e-6, name="probs")
     causal = torch.ones(20, 20, dtype=torch.bool).tril()
     assert_close(p @ R.expand_kv(v, 4), masked_attention(q, k, v, causal), atol=1e-5, name="out")
+
+
+def test_row_distance_is_rows_of_relative_distance():
+    from focusattn.kernels.common import relative_distance, row_distance
+
+    for r0, r1, t in ((0, 5, 9), (3, 9, 9), (4, 4, 9), (0, 9, 9)):
+        assert torch.equal(row_distance(r0, r1, t), relative_distance(t, t)[r0:r1])

@@ -30,6 +30,12 @@ def relative_distance(tq: int, tk: int, device=None) -> torch.Tensor:
     return qpos[:, None] - kpos[None, :]
 
 
+def row_distance(r0: int, r1: int, tk: int, device=None) -> torch.Tensor:
+    """``[r1 - r0, Tk]`` rows ``r0:r1`` of ``relative_distance(tk, tk)``, without the ``Tk x Tk`` matrix (row chunks
+    of a long prefill build only their own rows)."""
+    return torch.arange(r0, r1, device=device)[:, None] - torch.arange(tk, device=device)[None, :]
+
+
 def in_window(dist: torch.Tensor, window: int) -> torch.Tensor:
     """Bool: ``0 <= dist <= window`` (causal and local; see the module docstring for the convention)."""
     return (dist >= 0) & (dist <= window)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from .common import apply_softcap, default_scale, relative_distance
+from .common import apply_softcap, default_scale, row_distance
 from .reference import expand_kv
 
 # Query rows per chunk: [B, H, ROWS, T] float32 probabilities at a time (9 heads x 256 x 8192 = 75 MB).
@@ -29,16 +30,17 @@ def causal_probs(q: torch.Tensor, k: torch.Tensor, r0: int, r1: int, *, scale: f
                  softcap: float | None = None) -> torch.Tensor:
     """Causal softmax probabilities ``[B, Hq, r1 - r0, T]`` (float32) of query rows ``r0:r1`` over all ``T`` keys;
     q ``[B, Hq, T, D]``, k ``[B, Hkv, T, D]`` (GQA)."""
-    t = k.shape[2]
-    s = torch.matmul(q[:, :, r0:r1].float(), expand_kv(k, q.shape[1]).float().transpose(-1, -2))
+    t = k.shape[2]  # keys at or after r1 are above the diagonal for every row: scored never, zero-padded after
+    s = torch.matmul(q[:, :, r0:r1].float(), expand_kv(k[:, :, :r1], q.shape[1]).float().transpose(-1, -2))
     s = apply_softcap(s * default_scale(q.shape[-1], scale), softcap)
-    causal = relative_distance(t, t, q.device)[r0:r1] >= 0
-    return torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    causal = row_distance(r0, r1, r1, q.device) >= 0
+    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    return p if t == r1 else F.pad(p, (0, t - r1))
 
 
 def pair_kinds(r0: int, r1: int, t: int, window: int, sink: int, device=None):
     """``(local, sink, distant)`` bool ``[r1 - r0, T]`` for query rows ``r0:r1`` of a length-``t`` prefill."""
-    d = relative_distance(t, t, device)[r0:r1]
+    d = row_distance(r0, r1, t, device)
     local = (d >= 0) & (d <= window)
     sinks = (d > window) & (torch.arange(t, device=device) < sink)[None, :]
     return local, sinks, (d > window) & ~sinks
@@ -101,7 +103,7 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
         distant_keys += int(distant.sum()) * b
         pbar = p.mean(1) if dense is None or not dense.any() or dense.all() else p[:, ~dense.to(p.device)].mean(1)
         pd = hsum(p * distant)
-        d_rel = relative_distance(t, t, q.device)[r0:r1]
+        d_rel = row_distance(r0, r1, t, q.device)
         chosen = {}
         for n, fn in masks.items():
             chosen[n] = fn(r0, r1) & distant
