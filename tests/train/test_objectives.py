@@ -38,6 +38,17 @@ def test_layer_targets_are_the_top_distant_keys_of_the_head_mean():
         assert all(distant[i, j] for j in got)
 
 
+def test_layer_targets_with_dense_heads_follow_the_routed_heads():
+    q, k, _, _ = focus_case(2, 1, 6, 3, 30, 30, 4, 1)  # GQA: 6 query heads on 3 KV heads
+    dense = torch.tensor([False, False, True, True, False, False])  # KV head 1
+    tg = layer_targets(torch.randn(1, 30, 5), q, k, window=3, sink=1, top_m=4, dense=dense)
+    want = layer_targets(torch.randn(1, 30, 5), q[:, [0, 1, 4, 5]], k[:, [0, 2]], window=3, sink=1, top_m=4)
+    assert torch.equal(tg.idx, want.idx) and torch.allclose(tg.mass, want.mass)
+    every = layer_targets(torch.randn(1, 30, 5), q, k, window=3, sink=1, top_m=4, dense=torch.ones(6, dtype=bool))
+    plain = layer_targets(torch.randn(1, 30, 5), q, k, window=3, sink=1, top_m=4)
+    assert torch.equal(every.idx, plain.idx) and not torch.equal(tg.mass, plain.mass)
+
+
 def test_router_loss_prefers_groups_that_follow_the_attention():
     # queries at even positions attend distant even keys, odd ones odd keys
     t, window = 24, 1
@@ -112,10 +123,27 @@ def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
     assert (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()
 
 
+def test_retrofit_serves_and_stores_its_dense_heads(tmp_path, tiny_dir):
+    from focusattn.hf.io import read_adapter_config
+
+    cfg = RetrofitConfig(model=str(tiny_dir / "model"), data=str(tiny_dir / "corpus"), ood_data=None,
+                         out=str(tmp_path / "run"), steps=2, seq_len=48, eval_windows=1, eval_top_ks=(1,),
+                         objective="attention", attn_keys=8, pool=1, lr=0.05, dense_heads="1:0",
+                         targets_cache=str(tmp_path / "tg"), focus=fa.FocusConfig(num_groups=4, window=8))
+    retrofit(cfg, progress=False)
+    assert read_adapter_config(tmp_path / "run" / "adapter")["focus_config"]["dense_heads"] == [[1, 0]]
+    scored = RetrofitConfig(**{**cfg.__dict__, "out": str(tmp_path / "run2"), "dense_heads": "induction:1",
+                               "init_adapter": str(tmp_path / "run" / "adapter")})
+    retrofit(scored, progress=False)
+    assert len(read_adapter_config(tmp_path / "run2" / "adapter")["focus_config"]["dense_heads"]) == 1
+
+
 @pytest.mark.parametrize("kw,name", [(dict(objective="mse"), "objective"),
                                      (dict(objective="attention", method="lora"), "objective"),
                                      (dict(objective="attention", distill=0.5), "distill"),
-                                     (dict(attn_keys=0), "attn_keys"), (dict(pool=-1), "pool")])
+                                     (dict(attn_keys=0), "attn_keys"), (dict(pool=-1), "pool"),
+                                     (dict(dense_heads="induction"), "dense_heads"),
+                                     (dict(dense_heads="1:0", method="lora"), "dense_heads")])
 def test_bad_objective_settings_name_the_argument(kw, name):
     with pytest.raises(InputError, match=name):
         RetrofitConfig(**kw)

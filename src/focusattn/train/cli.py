@@ -86,7 +86,7 @@ def _retrofit(a) -> int:
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
         repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
-        targets_cache=a.targets_cache,
+        targets_cache=a.targets_cache, dense_heads=a.dense_heads,
         focus=focus_from_args(a), lazy=lazy_from_args(a),
     )
     set_threads(a.threads)
@@ -145,6 +145,9 @@ def register(sub) -> None:
                    help="share of training windows whose second half repeats the first (long-range copying)")
     p.add_argument("--init-adapter", default=d.init_adapter,
                    help="start the routers from this adapter (shipped name or folder) and continue training")
+    p.add_argument("--dense-heads", default=None,
+                   help="serve these KV heads dense while training and in the adapter ('none', 'layer:kv_head,...' or "
+                        "scored 'induction:N+duplicate:M'); --objective attention then trains for the routed heads")
     g = p.add_argument_group("method")
     g.add_argument("--method", choices=METHODS, default=d.method,
                    help="focus: train the routers; lora: the baseline, LoRA on the attention projections (q,k,v,o) "

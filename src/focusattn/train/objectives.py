@@ -53,8 +53,14 @@ class LayerTargets:
 MIN_SEEN = 32  # queries a key must be distant to before its attraction is a label
 FIELDS = ("h", "idx", "weight", "mass", "attraction")  # LayerTargets' fields, in order (the on-disk cache's keys)
 
-def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, softcap=None) -> LayerTargets:
-    """Targets of one layer from its input and q/k (no gradient), rows in chunks."""
+def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, softcap=None,
+                  dense: torch.Tensor | None = None) -> LayerTargets:
+    """Targets of one layer from its input and q/k (no gradient), rows in chunks. ``dense``: bool [Hq], query heads
+    served dense (``FocusConfig.dense_heads``): they keep every pair whatever the groups, so the target is the other
+    heads' mean (all heads when every head is dense: the routing then serves nothing and any target will do)."""
+    if dense is not None and bool(dense.any()) and not bool(dense.all()):
+        q = q[:, ~dense.to(q.device)]  # GQA: expand_kv maps the kept query heads to their own KV heads below
+        k = k[:, ~dense.view(k.shape[1], -1)[:, 0].to(k.device)]
     b, _, t, _ = q.shape
     m = min(top_m, t)
     idx = torch.full((b, t, m), -1, dtype=torch.int32)
@@ -80,6 +86,7 @@ def layer_targets(h, q, k, *, window: int, sink: int, top_m: int, scale=None, so
 @torch.no_grad()
 def attention_targets(model, x: torch.Tensor, *, top_m: int) -> list[LayerTargets]:
     """One no-grad forward of composed ``model`` as the original (``hf.probe.capture``): every layer's targets."""
+    from ..focus.attend import dense_query_heads
     from ..hf import focus_config, routers
     from ..hf.probe import capture
 
@@ -87,8 +94,9 @@ def attention_targets(model, x: torch.Tensor, *, top_m: int) -> list[LayerTarget
     out: list[LayerTargets | None] = [None] * len(routers(model))
 
     def fn(layer, module, h, q, k, scale, softcap):
+        dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
         out[layer] = layer_targets(h, q, k, window=cfg.window, sink=cfg.sink_tokens, top_m=top_m, scale=scale,
-                                   softcap=softcap)
+                                   softcap=softcap, dense=dense)
 
     with capture(model, fn):
         model(x, logits_to_keep=1)
@@ -173,9 +181,10 @@ class AttentionObjective:
 
     def targets(self, x: torch.Tensor) -> list[LayerTargets]:
         """The batch's targets: memoised in memory, and on disk in ``cache_dir`` (keyed by the tokens, the model's
-        window/sink and ``top_m``), so other runs on the same windows skip the capture forwards."""
-        key = hashlib.sha1(x.cpu().numpy().tobytes() + repr((self.cfg.window, self.cfg.sink_tokens, self.top_m))
-                           .encode()).hexdigest()
+        window/sink, ``top_m`` and dense heads), so other runs on the same windows skip the capture forwards."""
+        what = (self.cfg.window, self.cfg.sink_tokens, self.top_m)
+        what += (tuple(self.cfg.dense_heads),) if self.cfg.dense_heads else ()  # (no dense heads: the older keys)
+        key = hashlib.sha1(x.cpu().numpy().tobytes() + repr(what).encode()).hexdigest()
         if self.memo is not None and key in self.memo:
             return self.memo[key]
         path = None if self.cache_dir is None else self.cache_dir / f"{key}.safetensors"

@@ -28,6 +28,7 @@ from ..lazy.config import ElasticConfig
 from ..hf import compose, load_model, router_parameters, routers, save_adapter, set_top_k
 from ..adapters import resolve as resolve_adapter
 from ..hf.compose import focus_config, original_attention, update_config
+from ..hf.heads import parse_dense_heads, scored_heads
 from ..hf.io import adapter_state, load_adapter, load_adapter_state, read_adapter_config
 from ..hf.lazy import compose_lazy, lazy_parameters, lazy_state, load_lazy_state, save_lazy_adapter, taus
 from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, save_lora
@@ -70,6 +71,8 @@ class RetrofitConfig(TrainConfig):
     attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
     pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
     targets_cache: str | None = None  # objective "attention": a folder keeping each window's targets for other runs
+    dense_heads: str | None = None  # a --dense-heads spec (hf.heads.parse_dense_heads) served dense while training,
+    # stored in the adapter; the attention objective then trains each router for its layer's routed heads only
     method: str = "focus"  # "focus" (routers), "lora" (the baseline), "lazy" (Elastic-Softmax thresholds on the frozen
     # model) or "lazy+lora" (thresholds and LoRA on the query/key projections); the focus fields serve "focus" only
     lora_rank: int = 8
@@ -117,6 +120,10 @@ class RetrofitConfig(TrainConfig):
             v, low = getattr(self, name), 1 if name == "attn_keys" else 0
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise InputError(name, v, f"allowed an integer >= {low} ({c}.{name})")
+        if self.dense_heads is not None:
+            if self.method != "focus":
+                raise InputError("dense_heads", self.dense_heads, f"allowed only with method 'focus' ({c}.dense_heads)")
+            parse_dense_heads(self.dense_heads)  # a bad spec is a one-line error naming the field
         if self.init_adapter is not None and self.method != "focus":
             raise InputError("init_adapter", self.init_adapter, f"allowed only with method 'focus' ({c}.init_adapter)")
         if self.lam_final is not None and not self.lam_final > 0:
@@ -218,6 +225,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         compose(model, cfg.focus)
         if init is not None:  # the routers' tensors, checked like any adapter load (shapes, checksum, base model)
             load_adapter(model, init)
+        if cfg.dense_heads is not None:  # scored heads are measured on this model, with the routers it starts from
+            spec = parse_dense_heads(cfg.dense_heads)
+            update_config(model, dense_heads=scored_heads(model, spec) if isinstance(spec, dict) else spec)
         params = router_parameters(model)
     n_train = sum(p.numel() for p in params)
     n_total = sum(p.numel() for p in model.parameters())
