@@ -114,11 +114,13 @@ def test_targets_cache_on_disk_is_reused(tmp_path):
 def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
     cfg = RetrofitConfig(model=str(tiny_dir / "model"), data=str(tiny_dir / "corpus"), ood_data=None,
                          out=str(tmp_path / "run"), steps=4, seq_len=48, eval_windows=1, eval_top_ks=(1,),
-                         objective="attention", attn_keys=8, pool=2, balance_loss=0.1, lr=0.05,
+                         objective="attention", attn_keys=8, pool=2, balance_loss=0.1, lr=0.05, eval_every=2,
                          focus=fa.FocusConfig(num_groups=4, window=8))
     s = retrofit(cfg, progress=False)
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [1, 2, 3, 4] and all("kept_top1" in r and "attn_ce" in r for r in recs)
+    curve = [r for r in recs if "heldout_top1" in r]  # the held-out curve, every eval_every steps
+    assert [r["step"] for r in curve] == [2, 4] and all(0 <= r["heldout_kept_top1"] <= 1 for r in curve)
     assert s["config"]["objective"] == "attention" and "top1" in s["perplexity"]["after"]["domain"]
     assert (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()
 
@@ -142,6 +144,7 @@ def test_retrofit_serves_and_stores_its_dense_heads(tmp_path, tiny_dir):
                                      (dict(objective="attention", method="lora"), "objective"),
                                      (dict(objective="attention", distill=0.5), "distill"),
                                      (dict(attn_keys=0), "attn_keys"), (dict(pool=-1), "pool"),
+                                     (dict(eval_every=-1), "eval_every"),
                                      (dict(dense_heads="induction"), "dense_heads"),
                                      (dict(dense_heads="1:0", method="lora"), "dense_heads")])
 def test_bad_objective_settings_name_the_argument(kw, name):

@@ -86,7 +86,7 @@ def _retrofit(a) -> int:
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
         repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
-        targets_cache=a.targets_cache, dense_heads=a.dense_heads,
+        targets_cache=a.targets_cache, dense_heads=a.dense_heads, eval_every=a.eval_every,
         focus=focus_from_args(a), lazy=lazy_from_args(a),
     )
     set_threads(a.threads)
@@ -145,6 +145,9 @@ def register(sub) -> None:
                    help="share of training windows whose second half repeats the first (long-range copying)")
     p.add_argument("--init-adapter", default=d.init_adapter,
                    help="start the routers from this adapter (shipped name or folder) and continue training")
+    p.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="every N steps, held-out top-1 perplexity (and, --objective attention, the held-out mass kept) "
+                        "in metrics.jsonl: the run's quality curve; 0 = off")
     p.add_argument("--dense-heads", default=None,
                    help="serve these KV heads dense while training and in the adapter ('none', 'layer:kv_head,...' or "
                         "scored 'induction:N+duplicate:M'); --objective attention then trains for the routed heads")

@@ -69,6 +69,7 @@ class RetrofitConfig(TrainConfig):
     repeat_prob: float = 0.0  # share of training windows whose second half repeats the first (see repeat_halves)
     objective: str = "lm"  # "lm" (LM loss, with distill) or "attention" (each router against its layer's attention)
     attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
+    eval_every: int = 0  # focus: every N steps, held-out top-1 perplexity (and kept mass) in metrics.jsonl; 0 = off
     pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
     targets_cache: str | None = None  # objective "attention": a folder keeping each window's targets for other runs
     dense_heads: str | None = None  # a --dense-heads spec (hf.heads.parse_dense_heads) served dense while training,
@@ -116,7 +117,7 @@ class RetrofitConfig(TrainConfig):
         if self.objective == "attention" and self.distill:
             raise InputError("distill", self.distill, "allowed only with objective 'lm' (the attention objective "
                              "has no output-level term; continue with --init-adapter for one)")
-        for name in ("attn_keys", "pool"):
+        for name in ("attn_keys", "pool", "eval_every"):
             v, low = getattr(self, name), 1 if name == "attn_keys" else 0
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise InputError(name, v, f"allowed an integer >= {low} ({c}.{name})")
@@ -300,7 +301,26 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
             if key in rec:
                 common[key] = rec[key]
         return {**common, "balance": rec["balance"], "lam": focus_config(model).lam,
-                "largest_share": [r.largest_share for r in rs]}
+                "largest_share": [r.largest_share for r in rs], **held_out(step)}
+
+    def held_out(step: int) -> dict:
+        """Every ``eval_every`` steps, the curves of a run: served top-1 perplexity on the first held-out window of
+        each split and, with the attention objective, the share of that window's target mass top-1 keeps."""
+        if not cfg.eval_every or step % cfg.eval_every:
+            return {}
+        set_top_k(model, 1)
+        try:
+            res = {"heldout_top1": perplexity(model, val_w[:1], progress=False)["ppl"]}
+            if ood_w is not None:
+                res["heldout_ood_top1"] = perplexity(model, ood_w[:1], progress=False)["ppl"]
+        finally:
+            set_top_k(model, None)
+        if attention is not None:
+            with torch.no_grad():
+                res["heldout_kept_top1"] = attention(torch.as_tensor(val_w[:1], device=device))[1]["kept_top1"]
+        for r in rs:  # perplexity() left the whole model in evaluation mode
+            r.train()
+        return res
 
     source = f"the checkpoint in {out} (delete it or start without resuming)"
     if lora:
