@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 from .._errors import InputError
-from .._io import write_text
+from .._io import read_jsonl, write_text
 from ..bench.report import render_markdown as bench_markdown
 from ..bench.report import render_model_markdown
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
+from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import recall_section, render_global_keys, render_roles
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
@@ -124,6 +125,11 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "training-time gate, `top-k` = hard membership at inference.\n", retrofit_comparison(runs), ""]
     for name, s in longer.items():
         parts += [f"### Longer sequences: `{name}`\n", f"Command: `{s.get('command')}`\n", retrofit_table(s), ""]
+        metrics = d / f"retrofit_{name}.metrics.jsonl"  # the run's metrics.jsonl beside its summary: its curves
+        if metrics.exists():
+            recs = read_jsonl(metrics)
+            png = plot_curves(recs, s, d / f"retrofit_{name}.curves.png")
+            parts += [render_curves(recs, s, plot_link=f"results/{png.name}"), ""]
     parts += experiment_sections(d, runs.get("default"))
     # (json file, our heading or None, renderer, extra keyword arguments, plots)
     sections = [
