@@ -88,7 +88,13 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
     """
     b, hq, t, _ = q.shape
     windows = windows or {}
-    hsum = lambda x: x.double().sum(dim=(0, 2, 3)).cpu()  # noqa: E731  [Hq]
+
+    def hsum(p: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """[Hq] float64: the probability ``p`` [B, Hq, R, T] on the pairs of ``keep`` ([R, T] or [B, R, T] bool),
+        summed in one contraction (float32 within a chunk, float64 across chunks and windows)."""
+        keep = keep.expand(b, -1, -1) if keep.dim() == 2 else keep
+        return torch.einsum("bhrt,brt->h", p, keep.to(p.dtype)).double().cpu()
+
     mass = {kind: torch.zeros(hq, dtype=torch.float64) for kind in ("local", "sink", "distant")}
     names = list(masks) + list(windows) + [f"oracle@{n}" for n in oracle_of]
     kept = {n: torch.zeros(hq, dtype=torch.float64) for n in names}
@@ -99,10 +105,10 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
         p = causal_probs(q, k, r0, r1, scale=scale, softcap=softcap)
         local, sinks, distant = pair_kinds(r0, r1, t, window, sink, q.device)
         for kind, m in (("local", local), ("sink", sinks), ("distant", distant)):
-            mass[kind] += hsum(p * m)
+            mass[kind] += hsum(p, m)
         distant_keys += int(distant.sum()) * b
         pbar = p.mean(1) if dense is None or not dense.any() or dense.all() else p[:, ~dense.to(p.device)].mean(1)
-        pd = hsum(p * distant)
+        pd = hsum(p, distant)
         d_rel = row_distance(r0, r1, t, q.device)
         chosen = {}
         for n, fn in masks.items():
@@ -112,7 +118,7 @@ def layer_recall(q: torch.Tensor, k: torch.Tensor, masks: dict[str, KeepFn], *, 
         for n in oracle_of:
             chosen[f"oracle@{n}"] = oracle_keep(pbar, distant, chosen[n].sum(-1))
         for n, keep in chosen.items():
-            kk = hsum(p * keep[:, None])
+            kk = hsum(p, keep)
             skip = dense is None or (n in windows and n not in dense_windows)
             kept[n] += kk if skip else torch.where(dense.cpu(), pd, kk)
             keys[n] += int(keep.sum())
