@@ -127,3 +127,14 @@ def test_the_cap_changes_groups_only_where_the_uncapped_ones_overflow():
 def test_bad_capacity_is_one_line_naming_the_field(bad, match):
     with pytest.raises(InputError, match=match):
         FocusConfig(num_groups=8, **bad)
+
+
+def test_retrofit_cli_takes_the_cap():
+    import argparse
+
+    from focusattn.train.cli import add_focus_args, focus_from_args
+
+    p = argparse.ArgumentParser()
+    add_focus_args(p)
+    assert focus_from_args(p.parse_args(["--capacity", "1.5"])).capacity == 1.5
+    assert focus_from_args(p.parse_args([])).capacity == 0

@@ -40,6 +40,9 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rebalance-warm", action="store_true",
                    help="start each online re-estimate from the previous one's potentials (balanced at few Sinkhorn "
                         "iterations; FocusConfig.rebalance_warm)")
+    g.add_argument("--capacity", type=float, default=d.capacity,
+                   help="cap every group at this multiple of the balanced share of the earlier tokens at hard top-k "
+                        "(FocusConfig.capacity, e.g. 1.5; 0 = off): the evaluations and the adapter serve it")
     g.add_argument("--query-proj", action="store_true",
                    help="give the query role its own projection onto the same centroids (served at top-1 only; "
                         "FocusConfig.query_proj)")
@@ -53,7 +56,7 @@ def focus_from_args(a) -> FocusConfig:
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
                        routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens,
                        rebalance=a.rebalance, rebalance_warm=a.rebalance_warm, global_rate=a.global_rate,
-                       query_proj=a.query_proj)
+                       query_proj=a.query_proj, capacity=a.capacity)
 
 
 def add_lazy_args(p: argparse.ArgumentParser) -> None:
