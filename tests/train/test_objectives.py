@@ -121,6 +121,7 @@ def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
     assert [r["step"] for r in recs] == [1, 2, 3, 4] and all("kept_top1" in r and "attn_ce" in r for r in recs)
     curve = [r for r in recs if "heldout_top1" in r]  # the held-out curve, every eval_every steps
     assert [r["step"] for r in curve] == [2, 4] and all(0 <= r["heldout_kept_top1"] <= 1 for r in curve)
+    assert s["heldout_start"]["step"] == 0 and s["heldout_start"]["heldout_top1"] > 1  # the curve's step 0
     assert s["config"]["objective"] == "attention" and "top1" in s["perplexity"]["after"]["domain"]
     assert (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()
 

@@ -21,10 +21,11 @@ def _layers(r: dict) -> tuple[float, float]:
     return sum(s) / len(s), max(s)
 
 
-def held_out_rows(recs: list[dict], *, smooth: int = 10) -> list[dict]:
+def held_out_rows(recs: list[dict], *, smooth: int = 10, start: dict | None = None) -> list[dict]:
     """One row per held-out evaluation: its step, held-out values, and the training kept mass and largest-group
-    share (mean and worst layer) averaged over the ``smooth`` steps up to it (one step is one window)."""
-    rows = []
+    share (mean and worst layer) averaged over the ``smooth`` steps up to it (one step is one window). ``start``:
+    the summary's ``heldout_start``, the same evaluation before the first step (step 0)."""
+    rows = [{"step": 0, **{k: start.get(k) for k in HELD_OUT}}] if start else []
     for r in recs:
         if "heldout_top1" not in r:
             continue
@@ -39,8 +40,8 @@ def held_out_rows(recs: list[dict], *, smooth: int = 10) -> list[dict]:
 
 
 def render_curves(recs: list[dict], summary: dict, *, plot_link: str | None = None) -> str:
-    """Markdown: the held-out rows of a run (step 0 = the routers it started from, when it ran no step 0)."""
-    rows = held_out_rows(recs)
+    """Markdown: the held-out rows of a run (step 0: the routers it started from, when the run measured them)."""
+    rows = held_out_rows(recs, start=summary.get("heldout_start"))
     if not rows:
         return "_No held-out curve (the run had no `--eval-every`)._"
     before = summary["perplexity"]["before"]
@@ -63,7 +64,7 @@ def plot_curves(recs: list[dict], summary: dict, path: str | Path) -> Path:
     top-1 perplexity (domain, OOD) with the original model's as dashed lines."""
     plt = pyplot()
     train = [r for r in recs if "largest_share" in r]
-    rows = held_out_rows(recs)
+    rows = held_out_rows(recs, start=summary.get("heldout_start"))
     fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
     steps = [r["step"] for r in train]
     if any("kept_top1" in r for r in train):

@@ -203,14 +203,24 @@ class AttentionObjective:
             self.memo[key] = tg
         return tg
 
+    def _layer(self, r, tg: LayerTargets):
+        routing = r(tg.h.to(device=next(r.parameters()).device, dtype=torch.float32))
+        loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
+                                        global_keys=routing.global_keys, query_groups=routing.query_groups,
+                                        key_top_k=self.cfg.served_key_top_k or 1)
+        return routing, loss, k
+
+    @torch.no_grad()
+    def kept(self, x: torch.Tensor) -> float:
+        """The share of ``x``'s target mass top-1 keeps, mean over layers, with the routers in the mode they are in
+        (evaluation: a held-out window, nothing learned from it)."""
+        ks = [self._layer(r, tg)[2] for r, tg in zip(self.routers, self.targets(x))]
+        return sum(ks) / len(ks)
+
     def __call__(self, x: torch.Tensor):
         losses, kept, glob = [], [], []
-        device = next(self.routers[0].parameters()).device
         for r, tg in zip(self.routers, self.targets(x)):
-            routing = r(tg.h.to(device=device, dtype=torch.float32))
-            loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
-                                            global_keys=routing.global_keys, query_groups=routing.query_groups,
-                                            key_top_k=self.cfg.served_key_top_k or 1)
+            routing, loss, k = self._layer(r, tg)
             losses.append(loss)
             kept.append(k)
             if routing.global_logits is not None:

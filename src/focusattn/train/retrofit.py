@@ -315,9 +315,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
                 res["heldout_ood_top1"] = perplexity(model, ood_w[:1], progress=False)["ppl"]
         finally:
             set_top_k(model, None)
-        if attention is not None:
-            with torch.no_grad():
-                res["heldout_kept_top1"] = attention(torch.as_tensor(val_w[:1], device=device))[1]["kept_top1"]
+        if attention is not None:  # the routers still in evaluation mode: the window teaches them nothing
+            res["heldout_kept_top1"] = attention.kept(torch.as_tensor(val_w[:1], device=device))
         for r in rs:  # perplexity() left the whole model in evaluation mode
             r.train()
         return res
@@ -330,9 +329,12 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
     else:
         trainable = lambda: adapter_state(model)  # noqa: E731
         load_trainable = lambda t: load_adapter_state(model, t, source=source)  # noqa: E731
+    start = (ckpt or {}).get("extra", {}).get("heldout_start")  # the curve's step 0: the routers it starts from
+    if start is None and cfg.eval_every and not (lora or lazy):
+        start = {"step": 0, **held_out(0)}
     train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
                trainable=trainable, load_trainable=load_trainable,
-               clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before},
+               clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before, "heldout_start": start},
                tokens_per_step=global_batch * cfg.seq_len, meta=meta, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
@@ -369,6 +371,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         "distributed": {"world_size": world, "batch_size_per_rank": cfg.batch_size, "global_batch": global_batch,
                         "fsdp": cfg.fsdp and world > 1},
         "perplexity": {"before": before, "after": after},
+        "heldout_start": start,
         "groups": stats["layers"],
         "pairs_kept": stats["pairs_kept"],
         "final_loss": _final_loss(out / "metrics.jsonl"),
