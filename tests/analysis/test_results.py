@@ -116,3 +116,14 @@ def test_capacity_section_renders_the_sweep(tmp_path):
     assert "### Group-size cap (`FocusConfig.capacity`)" in text and "capacity_sweep.py --out x" in text
     assert "| 1.5 | 35.0% | 27.0% | 0.21 / 0.20 | top-1 | 10.30 (+3.0%) | 11.30 (+2.7%) | 1.70 | 0.67 |" in text
     assert "| off | 40.0% | 30.0% | 0.60 / 0.50 | top-1 |" in text
+
+
+def test_a_longer_runs_curves_render_from_its_metrics_beside_it(tmp_path):
+    s = {**_summary(), "heldout_start": {"step": 0, "heldout_top1": 36.0, "heldout_kept_top1": 0.5}}
+    (tmp_path / "retrofit_long_x.json").write_text(json.dumps(s))
+    recs = [{"step": i, "kept_top1": 0.5, "largest_share": [0.5, 0.5]} for i in (1, 2)]
+    recs[1].update(heldout_top1=35.0, heldout_kept_top1=0.55)
+    (tmp_path / "retrofit_long_x.metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "### Longer sequences: `long_x`" in text and "| 0 | 50.0% |" in text and "| 2 | 55.0% | 50.0% |" in text
+    assert (tmp_path / "retrofit_long_x.curves.png").exists() and "results/retrofit_long_x.curves.png" in text
