@@ -370,7 +370,8 @@ ship-g2: $(STAMP)
 # registers (shakespeare + python-docs; news and python code held out), with the dense heads they are served with, so
 # each router's targets are its layer's routed heads; a held-out curve every 100 steps. ~35 min on 2 cores (the
 # targets of 8 windows, ~1 min each, kept in $(ROUTE)/targets4k), then long-eval at 2048 (every baseline + recall)
-# and at 4096/8192 (perplexity, probes, recall) with the cap g2 ships with. ~1.5 h in all.
+# and at 4096/8192 (perplexity, probes, recall; the baselines' rows at that budget are g2's, in ship-g2) with the cap
+# g2 ships with. ~1.5 h in all.
 G2L := $(ROUTE)/g2l4k
 routing-long: $(STAMP) python-docs
 	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 4096 --pool 8 \
@@ -382,7 +383,8 @@ routing-long: $(STAMP) python-docs
 	cp $(G2L)/metrics.jsonl docs/results/retrofit_long_attention_g2l4k.metrics.jsonl
 	$(VENV)/bin/focusattn long-eval --adapter $(G2L)/adapter --capacity 1.5 $(LE_FLAGS) $(LE_TOP1) \
 		--out $(ROUTE)/le_g2l_2k
-	$(VENV)/bin/focusattn long-eval --adapter $(G2L)/adapter --capacity 1.5 $(LE_LONG) --out $(ROUTE)/le_g2l_long
+	$(VENV)/bin/focusattn long-eval --adapter $(G2L)/adapter --capacity 1.5 $(LE_LONG) --variants original,top1 \
+		--out $(ROUTE)/le_g2l_long
 	cp $(ROUTE)/le_g2l_2k/long_eval.json docs/results/long_eval_attention_g2l4k.json
 	cp $(ROUTE)/le_g2l_long/long_eval.json docs/results/long_eval_attention_g2l4k_long.json
 	$(MAKE) results

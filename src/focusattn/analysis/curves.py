@@ -67,12 +67,21 @@ def plot_curves(recs: list[dict], summary: dict, path: str | Path) -> Path:
     rows = held_out_rows(recs, start=summary.get("heldout_start"))
     fig, ax = plt.subplots(1, 3, figsize=(14, 3.8))
     steps = [r["step"] for r in train]
-    if any("kept_top1" in r for r in train):
-        ax[0].plot(steps, [r.get("kept_top1") for r in train], lw=0.8, alpha=0.6, label="train window")
-    ax[0].plot([r["step"] for r in rows], [r.get("heldout_kept_top1") for r in rows], "o-", label="held-out window")
+
+    def rolling(ys, n=10):  # one training step is one window: the mean over the last n steps reads as a trend
+        return [sum(ys[max(0, i - n + 1):i + 1]) / len(ys[max(0, i - n + 1):i + 1]) for i in range(len(ys))]
+
+    if all("kept_top1" in r for r in train) and train:
+        kept = [r["kept_top1"] for r in train]
+        ax[0].plot(steps, kept, lw=0.6, alpha=0.3, c="C0")
+        ax[0].plot(steps, rolling(kept), lw=1.2, c="C0", label="train windows (mean of 10 steps)")
+    ax[0].plot([r["step"] for r in rows], [r.get("heldout_kept_top1") for r in rows], "o-", c="C1",
+               label="held-out window")
     ax[0].set(title="distant target mass kept by top-1", xlabel="step")
-    ax[1].plot(steps, [_layers(r)[0] for r in train], lw=0.8, label="mean over layers")
-    ax[1].plot(steps, [_layers(r)[1] for r in train], lw=0.8, label="worst layer")
+    for j, (name, c) in enumerate((("mean over layers", "C0"), ("worst layer", "C1"))):
+        ys = [_layers(r)[j] for r in train]
+        ax[1].plot(steps, ys, lw=0.6, alpha=0.3, c=c)
+        ax[1].plot(steps, rolling(ys), lw=1.2, c=c, label=f"{name} (mean of 10 steps)")
     k = summary["config"]["focus"]["num_groups"]
     ax[1].axhline(1 / k, ls=":", c="grey", label=f"balanced (1/{k})")
     ax[1].set(title="largest group's share of tokens", xlabel="step")
