@@ -94,3 +94,24 @@ def test_inference_sink_merge_in_row_chunks(monkeypatch, seed, b, tk, k, window,
         out = focus_attention(q, kk, v, member, window, sink=sink, key_padding_mask=kpm, backend="decomposed")
     real = torch.ones(b, tk, dtype=torch.bool) if kpm is None else kpm
     assert (out - ref)[real[:, None, :, None].expand_as(out)].abs().max().item() <= 1e-5
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), tk=st.integers(2, 40), window=st.integers(0, 6), rate=st.floats(0.0, 0.5),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), roles=st.booleans())
+def test_fused_sink_part_equals_the_differentiable_one(seed, tk, window, rate, dtype, roles):
+    """Inference takes the CPU flash op for the sink part (global keys: any key mask); training the manual,
+    differentiable path. Same output and LSE, empty rows included (LSE -inf, output 0)."""
+    from focusattn.kernels.sink import sink_partial
+
+    q, kk, v, member = _case(seed, 2, 4, 2, tk, tk, 4, 1, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.rand(2, tk, generator=g) < rate
+    keys[:, 0] = True  # the first token, as served_sinks always adds it
+    qmem = torch.nn.functional.one_hot(torch.randint(0, 4, (2, tk), generator=g), 4).bool() if roles else None
+    fast = sink_partial(q, kk, v, member, window, keys, query_membership=qmem)
+    slow = sink_partial(q.clone().requires_grad_(), kk, v, member, window, keys, query_membership=qmem)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.equal(torch.isinf(fast[1]), torch.isinf(slow[1]))
+    assert (fast[1] - slow[1]).nan_to_num(0.0, 0.0, 0.0).abs().max() <= tol
+    assert (fast[0].float() - slow[0].detach().float()).abs().max() <= tol
