@@ -28,8 +28,9 @@ def test_default_model_identity_and_sparsity(smol, monkeypatch):
     assert (sdpa - ref).abs().max().item() <= 1e-3
     fa.compose(model, fa.FocusConfig(window=10_000))
     try:
-        with torch.no_grad():
-            assert (model(x).logits - ref).abs().max().item() <= 1e-4
+        with torch.no_grad():  # a window covering the call runs the model's own SDPA (DISPATCH.md "Before any
+            # branch"), so the composed model is the SDPA model itself; eager is ~1e-4 from both, machine-dependent
+            assert (model(x).logits - sdpa).abs().max().item() <= 1e-4
         fa.set_top_k(model, 1)
         from focusattn.hf import update_config
 
