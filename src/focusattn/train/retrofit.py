@@ -334,7 +334,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         start = {"step": 0, **held_out(0)}
     train_loop(cfg, out=out, optimizer=opt, next_batch=next_batch, loss_of=loss_of, checkpoint=ckpt,
                trainable=trainable, load_trainable=load_trainable,
-               clip_params=params, before_step=before_step, record=record, extra_state=lambda: {"before": before, "heldout_start": start},
+               clip_params=params, before_step=before_step, record=record,
+               extra_state=lambda: {"before": before, "heldout_start": start},
                tokens_per_step=global_batch * cfg.seq_len, meta=meta, desc="retrofit", progress=progress)
     if cfg.grad_checkpointing:
         _checkpointing(model, False)
