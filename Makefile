@@ -264,6 +264,10 @@ BM_TOP1 := --lengths 2048 8192 --top-k 1 --repeats 1 --decode-tokens 8 --threads
 LE_LONG := --lengths 4096 8192 --ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 1 \
 	--repeat-n 1 --no-soft --top-k 1 --baselines sliding,duo,oracle \
 	--variants original,top1,sliding@top1,duo@top1,oracle@top1 --threads 1
+# the other training-free masks at 8192 (k-means keys; random groups and an untrained router), two runs that fit
+# one core each; their rows join the same adapter's in RESULTS and README (the original's row is LE_LONG's)
+LE_8K_BASE := --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 1 \
+	--repeat-n 1 --no-soft --top-k 1 --threads 1
 routing: $(STAMP) python-docs
 	$(PY) scripts/global_keys_probe.py --out docs/results/global_keys_probe.json
 	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 24 \
@@ -357,9 +361,15 @@ ship-g2: $(STAMP)
 	$(VENV)/bin/focusattn ship-adapter $(G2_RUN) --name smollm2-135m-focus-g2 $(G2_SERVE)
 	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_FLAGS) $(LE_TOP1) --out $(ROUTE)/le_g2ship_2k
 	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_LONG) --out $(ROUTE)/le_g2ship_long
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_8K_BASE) --baselines kmeans \
+		--variants kmeans@top1 --out $(ROUTE)/le_g2ship_8k_kmeans
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_8K_BASE) --baselines random,untrained \
+		--variants random@top1,untrained@top1 --out $(ROUTE)/le_g2ship_8k_random
 	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 $(BM_TOP1) --out $(ROUTE)/bm_g2ship
 	cp $(ROUTE)/le_g2ship_2k/long_eval.json docs/results/long_eval_g2.json
 	cp $(ROUTE)/le_g2ship_long/long_eval.json docs/results/long_eval_g2_long.json
+	cp $(ROUTE)/le_g2ship_8k_kmeans/long_eval.json docs/results/long_eval_g2_8k_kmeans.json
+	cp $(ROUTE)/le_g2ship_8k_random/long_eval.json docs/results/long_eval_g2_8k_random.json
 	cp $(ROUTE)/bm_g2ship/model_bench.json docs/results/model_bench_g2.json
 	cp $(ROUTE)/bm_g2ship/model_bench.png docs/results/model_bench_g2.png
 	$(VENV)/bin/focusattn ship-adapter $(G2_RUN) --name smollm2-135m-focus-g2 $(G2_SERVE) \

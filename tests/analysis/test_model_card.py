@@ -119,3 +119,21 @@ def test_ship_adapter_serves_warm_rebalancing_and_scored_dense_heads(tmp_path, t
     with pytest.raises(ValueError, match="capacity"):
         ship_adapter(run, "bad", dest=tmp_path / "pkg", capacity=0.5)
     assert not (tmp_path / "pkg" / "bad").exists() and not (tmp_path / "pkg" / "bad.tmp").exists()
+
+
+def test_refresh_card_rewrites_only_the_measured_tables(tmp_path):
+    """A re-measurement (new kernels) updates a shipped card's tables without its training run; the account of how
+    the adapter was made stays, and asking for nothing is a one-line error."""
+    from focusattn.analysis.model_card import refresh_card
+
+    out = ship_adapter(_run_dir(tmp_path), "tiny-focus-k4", dest=tmp_path / "pkg",
+                       model_bench=RESULTS / "model_bench_k8.json")
+    head = (out / "README.md").read_text().split("## Whole-model speed")[0]
+    bench = json.loads((RESULTS / "model_bench_g2.json").read_text())
+    (tmp_path / "mb.json").write_text(json.dumps(bench))
+    refresh_card("tiny-focus-k4", model_bench=tmp_path / "mb.json", dest=tmp_path / "pkg")
+    card = (out / "README.md").read_text()
+    assert card.startswith(head) and card.count("## Whole-model speed") == 1
+    assert f"{bench['results'][-1]['prefill_s']:.2f}" in card
+    with pytest.raises(ValueError, match="needs --long-eval and/or --model-bench"):
+        refresh_card("tiny-focus-k4", dest=tmp_path / "pkg")

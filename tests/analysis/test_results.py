@@ -64,6 +64,25 @@ def test_pareto_changes_are_against_the_original_of_the_same_run():
     assert "11.00 (+10.0%)" in text and "21.00 (+5.0%)" in text  # not 21 vs the first run's 10 (+110%)
 
 
+def test_decision_table_leaves_out_rows_with_no_quality_at_its_length():
+    """README's table reads one length: a configuration measured only at another length, or only timed, has nothing
+    to say there and is left out, not shown as a row of dashes."""
+    from focusattn.analysis.pareto import render_decision_table
+
+    at64 = {"adapter": "runs/a/adapter", "focus_config": {"num_groups": 8}, "results": [
+        {"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 10.0},
+        {"T": 64, "variant": "top1", "ppl_domain": 11.0, "ppl_ood": 11.0, "budget_pairs_kept": 0.5},
+        {"T": 64, "variant": "sliding@top1", "ppl_domain": 12.0, "ppl_ood": 12.0, "budget_pairs_kept": 0.5}]}
+    at32 = {"adapter": "runs/a/adapter", "focus_config": {"num_groups": 8}, "results": [
+        {"T": 32, "variant": "kmeans@top1", "ppl_domain": 13.0, "ppl_ood": 13.0, "budget_pairs_kept": 0.5}]}
+    bench = {"adapter": "runs/a/adapter", "focus_config": {"num_groups": 8}, "results": [
+        {"T": 64, "variant": v, "prefill_speedup": x, "decode_speedup": x} for v, x in
+        (("original", 1.0), ("top1", 1.5), ("top2", 0.9))]}
+    text = render_decision_table([at64, at32], [bench])
+    assert "+10.0%" in text and "+20.0%" in text and "1.50×" in text
+    assert "k-means" not in text and "top-2" not in text  # T=32 only; timed only
+
+
 def test_pareto_names_the_serving_settings_a_command_added():
     from focusattn.analysis.pareto import _adapter_name
 

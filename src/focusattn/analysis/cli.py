@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .._cli_common import HelpFormatter, ints, set_threads
+from .._errors import InputError
 from .._io import write_json, write_text
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..eval.sinks import run_sink_probe
@@ -61,8 +62,14 @@ def _collapse(a) -> int:
 
 
 def _ship(a) -> int:
-    from .model_card import derive_adapter, ship_adapter
+    from .model_card import derive_adapter, refresh_card, ship_adapter
 
+    if a.refresh_card:
+        out = refresh_card(a.name or a.run, long_eval=a.long_eval, model_bench=a.model_bench)
+        print(f"wrote {out / 'README.md'} (measured tables re-rendered; tensors and config unchanged)")
+        return 0
+    if not a.name:
+        raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None:
             raise InputError("run", a.run, "--rebalance/--rebalance-warm/--capacity need a retrofit folder "
@@ -137,7 +144,7 @@ def register(sub) -> None:
                        "model card, so fa.load_adapter(model, NAME) finds it", formatter_class=fmt)
     s.add_argument("run", help="a `focusattn retrofit --out` folder (with --dense-heads: any adapter, e.g. a shipped "
                    "one's name)")
-    s.add_argument("--name", required=True, help="e.g. smollm2-135m-focus-k8")
+    s.add_argument("--name", default=None, help="e.g. smollm2-135m-focus-k8 (required unless --refresh-card)")
     s.add_argument("--long-eval", default=None, help="long_eval.json of this adapter (`focusattn long-eval`)")
     s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
     s.add_argument("--rebalance", type=int, default=None,
@@ -154,6 +161,9 @@ def register(sub) -> None:
                         "whose routers are shipped again under NAME): "
                         "'induction:N', 'duplicate:M', 'induction:N+duplicate:M' (scored on the model) or "
                         "'layer:kv_head,...'")
+    s.add_argument("--refresh-card", action="store_true",
+                   help="RUN is a shipped adapter's name: only re-render its card's measured tables from "
+                        "--long-eval / --model-bench (after a re-measurement; tensors and config unchanged)")
     s.set_defaults(func=_ship)
 
     p = sub.add_parser("sinks", help="attention-sink mass of a pretrained model and perplexity under fixed masks",

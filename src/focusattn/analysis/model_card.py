@@ -26,15 +26,40 @@ def _need(path: Path, made_by: str) -> dict:
 def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | None) -> Path:
     """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
     if le is not None:
-        lines += ["", "## Long context: quality against the original model and baselines", "",
-                  render_pareto([le], [mb] if mb else [])]
+        lines += ["", MEASURED[0], "", render_pareto([le], [mb] if mb else [])]
     if mb is not None:
-        lines += ["", "## Whole-model speed", "", render_model_markdown(mb, plot_link="")]
+        lines += ["", MEASURED[1], "", render_model_markdown(mb, plot_link="")]
     write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+MEASURED = ("## Long context: quality against the original model and baselines", "## Whole-model speed")
+
+
+def refresh_card(name: str, *, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+    """Re-render the measured tables of shipped adapter ``name``'s card from new JSON (a re-measurement after a
+    kernel change), keeping its tensors, config and the card's account of how it was made: the training run is not
+    needed. Written atomically (a crash leaves the old card)."""
+    if not long_eval and not model_bench:
+        raise InputError("long-eval", "", "--refresh-card needs --long-eval and/or --model-bench")
+    card = (dest or HERE) / name / "README.md"
+    if not card.is_file():
+        raise InputError("run", name, f"no shipped adapter card at {card}")
+    lines = card.read_text().splitlines()
+    head = next((i for i, line in enumerate(lines) if line in MEASURED), len(lines))
+    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    text = "\n".join(lines[:head]).rstrip("\n")
+    if le is not None:
+        text += "\n\n" + MEASURED[0] + "\n\n" + render_pareto([le], [mb] if mb else [])
+    if mb is not None:
+        text += "\n\n" + MEASURED[1] + "\n\n" + render_model_markdown(mb, plot_link="").replace("![model bench]()",
+                                                                                                     "")
+    write_text(card, text.rstrip("\n") + "\n")
+    return card.parent
 
 
 def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: Path | None = None,

@@ -178,7 +178,8 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
                           plot_link: str | None = None) -> str:
     """The one table a user decides from (README): per shipped configuration and per baseline at the same budget,
     quality (perplexity change), retrieval (repeat-copy, passkey), attention recall and whole-model speed. One length
-    for quality, one for speed, both stated; a column nobody measured is left out. ``full``: where the table of every
+    for quality, one for speed, both stated; a column nobody measured, and a row with no quality number at that
+    length, are left out. ``full``: where the table of every
     adapter, length and command lives."""
     rows = decision_rows(long_docs, bench_docs)
     base = rows[0]
@@ -226,7 +227,12 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
             (f"prefill × (T={'/'.join(map(str, speed_t))})", lambda r: times(r["prefill_x"])),
             (f"decode × (T={'/'.join(map(str, speed_t))})", lambda r: times(r["decode_x"]))]
     table = [[fn(r) for _, fn in cols] for r in rows]
-    keep = [j for j in range(len(cols)) if j == 0 or any(row[j] != "—" for row in table[1:])]
+    # a configuration with no quality number at this length (measured at another one, or timed only) says nothing
+    # here: its row is left out (RESULTS' full table has it); so is a column nobody measured
+    quality = range(1, len(cols) - 2)
+    empty = lambda cell: set(cell.replace("/", " ").split()) <= {"—"}  # noqa: E731  ("— / —" too)
+    table = [row for i, row in enumerate(table) if i == 0 or not all(empty(row[j]) for j in quality)]
+    keep = [j for j in range(len(cols)) if j == 0 or any(not empty(row[j]) for row in table[1:])]
     lines = ["| " + " | ".join(cols[j][0] for j in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(row[j] for j in keep) + " |" for row in table]
     notes = [f"Perplexity on held-out text at T = {t} (domain = the training corpus' held-out works, OOD = news), "
