@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: setup demo test test-dist test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long python-docs
 
@@ -30,6 +30,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The GPU check without a GPU: the CPU tests of the GPU path and scripts/gpu_bench.py at tiny lengths on the CPU
+# (the script is checked, nothing is measured); CI runs it after `make test`.
+gpu-dry-run: $(STAMP)
+	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run $(RUNS)/gpu_dry_run
 
 # Multi-process runs (torchrun and accelerate launch): 2 CPU processes over gloo (DDP, FSDP2 for retrofit and lab,
 # SIGKILL + resume); CI runs it after `make test`.

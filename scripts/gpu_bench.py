@@ -1,4 +1,5 @@
-"""Short GPU benchmark of the decomposed Focus kernel against causal SDPA (and compiled FlexAttention), for
+"""Short GPU benchmark of the decomposed Focus kernel against causal SDPA (and compiled FlexAttention, in the
+original layout and group-sorted, ``kernels/flex_sorted.py``), for
 ``scripts/gpu_check.sh``: SmolLM2-135M attention shapes (9 query heads, 3 KV heads, head size 64, window 128),
 batch 1; random balanced routing at 4K-64K, the routing a trained adapter learned on real text at 4K (captured
 file), Zipf-imbalanced routing at 32K. CUDA-event medians with the compared calls alternated in one process;
@@ -159,14 +160,25 @@ def main(argv=None) -> int:
                     fwd["flex"] = lambda: flex_focus_attention(q, k, v, memb, WINDOW, block_mask=bm, compile=True)
                 except Exception as exc:  # noqa: BLE001 - report, do not abort the other measurements
                     flex_note = f"{type(exc).__name__}: {exc}"
+            fsorted = None
+            if dtype != torch.float32 and routing != "zipf" and (args.dry_run or t in args.flex_lengths):
+                # the sync-free prefill: two compiled FlexAttention calls over the group-sorted and the original
+                # layout (kernels/flex_sorted.py); top_k is the static bound of its layout
+                from focusattn.kernels.flex_sorted import sorted_flex_focus_attention
+
+                def fsorted(a, b, c, memb=memb, top_k=top_k):
+                    return sorted_flex_focus_attention(a, b, c, memb, WINDOW, top_k=top_k, validate=False)
+
+                fwd["flex_sorted"] = lambda: fsorted(q, k, v)
             with torch.no_grad():
                 try:
                     times = alternate(fwd, args.repeats)
                 except Exception as exc:  # noqa: BLE001
-                    if "flex" not in fwd:
+                    if "flex" not in fwd and "flex_sorted" not in fwd:
                         raise
                     flex_note = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    fwd.pop("flex")
+                    fwd.pop("flex", None)
+                    fsorted = fwd.pop("flex_sorted", None) and None
                     times = alternate(fwd, args.repeats)
                 ref = sdpa(q, k, v).float()
                 err = float((dec(q, k, v).float() - ref).abs().max())  # not a check: Focus != full attention
@@ -192,6 +204,15 @@ def main(argv=None) -> int:
                     row["forward_backward_peak_extra_bytes"] = fbm
                 except Exception as exc:  # noqa: BLE001 - report it; the forward rows still count
                     row["forward_backward_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                if fsorted is not None and "forward_backward_s" in row:
+                    try:
+                        fs = alternate({"sdpa": lambda: _fwd_bwd(sdpa, q, k, v, go),
+                                        "flex_sorted": lambda: _fwd_bwd(fsorted, q, k, v, go)},
+                                       max(3, args.repeats // 2))
+                        row["forward_backward_s"]["flex_sorted"] = fs["flex_sorted"]
+                        row["forward_backward_ratio_vs_sdpa_flex_sorted"] = fs["sdpa"] / fs["flex_sorted"]
+                    except Exception as exc:  # noqa: BLE001 - FlexAttention has no CPU backward (dry run)
+                        row["flex_sorted_backward_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
             doc["wall_s"] = time.perf_counter() - t_start

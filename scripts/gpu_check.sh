@@ -2,21 +2,36 @@
 # One command for a GPU machine: the CUDA kernel tests (and the CPU property suite of the decomposed kernel under
 # that machine's torch), then a short decomposed-vs-SDPA/flex benchmark and a profile. 67-97 s of command time on one
 # H200 (six runs), plus the machine's start.
-# Usage: scripts/gpu_check.sh [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json, OUT_DIR/gpu_bench.log,
-# OUT_DIR/gpu_profile.txt;
-# default runs/gpu_check). Exit status: the tests' (the benchmark runs either way).
+# Usage: scripts/gpu_check.sh [--dry-run] [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json,
+# OUT_DIR/gpu_bench.log, OUT_DIR/gpu_profile.txt; default runs/gpu_check). Exit status: the tests' (the benchmark
+# runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (interpreted FlexAttention,
+# sync and launch counts) and the benchmark at tiny lengths on the CPU, so the script itself is checked before a GPU
+# is lent (no numbers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$(command -v python3 || command -v python)}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 || command -v python)}
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 OUT=${1:-${OUT:-runs/gpu_check}}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+if [ "$DRY" = 1 ]; then
+  timeout 300 $PY -m pytest -q -p no:cacheprovider tests/kernels/test_flex_sorted.py tests/kernels/test_cuda.py \
+    -o addopts="" 2>&1 | tee "$OUT/pytest.log" | tail -5
+  status=${PIPESTATUS[0]}
+  timeout 600 $PY scripts/gpu_bench.py --dry-run --out "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1
+  bench=$?
+  echo "gpu_check --dry-run: tests exit $status, benchmark exit $bench ($OUT/gpu_bench.json, not a measurement)"
+  [ "$status" = 0 ] && [ "$bench" = 0 ]
+  exit $?
+fi
 if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu_check: no CUDA device visible to torch; nothing to check" >&2
   exit 2
 fi
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
 timeout 200 $PY -m pytest -q --maxfail=15 -p no:cacheprovider tests/kernels/test_cuda.py tests/kernels/test_decomposed.py \
+  tests/kernels/test_flex_sorted.py \
   -o addopts="" -rs 2>&1 | tee "$OUT/pytest.log" | tail -25
 status=${PIPESTATUS[0]}
 timeout 270 $PY scripts/gpu_bench.py --profile --out "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.log" | cut -c1-400

@@ -50,6 +50,12 @@ def test_gpu_bench_section_renders_measured_rows(tmp_path):
     (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "GPU X" in text and "**1.50x**" in text and "0.90x" in text and "stopped before" in text
+    assert "flex-sorted" not in text  # not measured in that run: no table for it
+    row["forward_s"]["flex_sorted"] = 0.001
+    row["memory_ratio_vs_sdpa"]["flex_sorted"] = 2.5
+    (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "| 32768 | bfloat16 | random | 8 | 1 | 3.00 | 1.00 | **3.00x** |  | 2.50x |" in text
 
 
 def test_pareto_changes_are_against_the_original_of_the_same_run():

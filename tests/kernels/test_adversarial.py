@@ -18,7 +18,7 @@ from focusattn.kernels.reference import dense_focus_attention
 from focusattn.kernels.soft import soft_focus_attention
 from tests.conftest import assert_close, random_membership
 
-BACKENDS = ("dense", "decomposed", "flex", "auto")
+BACKENDS = ("dense", "decomposed", "flex", "flex-sorted", "auto")
 STRUCTURES = ("random", "one_group", "alone", "empty_groups", "overlap")
 PADDING = ("none", "all", "one_row", "left", "holes")
 

@@ -170,3 +170,18 @@ def test_flex_on_cuda_compiles_with_gradients_and_lse():
     got = _run(lambda a, b, c: focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, return_lse=True,
                                                backend="flex"), q, k, v)
     _check(ref, got, 1e-4)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_sorted_flex_on_cuda_compiles_with_gradients_and_lse(top_k):
+    """The sync-free group-sorted prefill (``backend="flex-sorted"``, kernels/flex_sorted.py) compiled on CUDA:
+    outputs, LSE and gradients as the dense reference, with padding and a sink. (Written without a GPU: first run
+    on the next GPU machine.)"""
+    from focusattn.kernels.flex_sorted import sorted_flex_focus_attention
+
+    q, k, v, memb, kpm = _problem(torch.float32, t=300, top_k=top_k)
+    ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
+                                                     return_lse=True), q, k, v)
+    got = _run(lambda a, b, c: sorted_flex_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
+                                                           return_lse=True, top_k=top_k), q, k, v)
+    _check(ref, got, 1e-4)

@@ -17,7 +17,7 @@ from tests.conftest import random_membership
 
 # "auto-dense" / "auto-sparse": backend="auto" with break-evens that send every call it may to the dense branches
 # (causal, masked, decode-masked) / to the sparse engines (decomposed, gather): each branch meets the same contract.
-FAST = ("decomposed", "flex", "auto", "auto-dense", "auto-sparse")
+FAST = ("decomposed", "flex", "flex-sorted", "auto", "auto-dense", "auto-sparse")
 AUTO_TABLES = {"auto-dense": {"cpu": dispatch.BreakEvens({1: 10**9}, {1: 10**9})},
                "auto-sparse": {"cpu": dispatch.BreakEvens()}}
 
@@ -92,8 +92,8 @@ def test_gradients_match_dense(backend, prob):
         loss = (out * go).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * gl).sum()
         return torch.autograd.grad(loss, leaves)
 
-    if backend == "flex" and q.device.type == "cpu":  # FlexAttention has no CPU backward: refuse, clearly
-        with pytest.raises(ValueError, match="backend 'flex' has no backward on CPU"):
+    if backend in ("flex", "flex-sorted") and q.device.type == "cpu":  # no CPU backward in FlexAttention: refuse
+        with pytest.raises(ValueError, match=f"backend '{backend}' has no backward on CPU"):
             grads(lambda a, b, c: _attend(a, b, c, memb, window, backend=backend, return_lse=True, **kw))
         return
     ref = grads(lambda a, b, c: dense_focus_attention(a, b, c, memb, window, return_lse=True, **kw))

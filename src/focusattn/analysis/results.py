@@ -218,6 +218,8 @@ def render_gpu_bench(doc: dict) -> str:
              "| T | dtype | routing | K | top-k | SDPA | decomposed | speed-up | per part | packed m-e | part A | "
              "flex | fwd+bwd speed-up | memory vs SDPA | cost model |", "|" + "---|" * 15]
     ms = lambda x: "" if x is None else f"{x * 1e3:.2f}"  # noqa: E731
+    x = lambda v: "" if v is None else f"{v:.2f}x"  # noqa: E731
+    sorted_rows = []  # the group-sorted FlexAttention prefill (kernels/flex_sorted.py), where it was measured
     for r in doc["results"]:
         f = r["forward_s"]
         fb = r.get("forward_backward_ratio_vs_sdpa")
@@ -227,6 +229,16 @@ def render_gpu_bench(doc: dict) -> str:
                      f"{ms(f.get('part_a_only'))} | {ms(f.get('flex'))} | "
                      f"{'' if fb is None else f'{fb:.2f}x'} | "
                      f"{r['memory_ratio_vs_sdpa']['decomposed']:.1f}x | {r['theoretical_ratio']:.2f}x |")
+        if f.get("flex_sorted"):
+            mem = r["memory_ratio_vs_sdpa"].get("flex_sorted")
+            sorted_rows.append(f"| {r['T']} | {r['dtype']} | {r['routing']} | {r['K']} | {r['top_k']} | "
+                               f"{ms(f['sdpa'])} | {ms(f['flex_sorted'])} | **{x(f['sdpa'] / f['flex_sorted'])}** | "
+                               f"{x(r.get('forward_backward_ratio_vs_sdpa_flex_sorted'))} | {x(mem)} |")
+    if sorted_rows:
+        lines += ["", "The sync-free prefill (`backend=\"flex-sorted\"`: two compiled FlexAttention calls, group-sorted "
+                  "and banded, `kernels/flex_sorted.py`) in the same run:", "",
+                  "| T | dtype | routing | K | top-k | SDPA | flex-sorted | speed-up | fwd+bwd speed-up | "
+                  "memory vs SDPA |", "|" + "---|" * 10, *sorted_rows]
     if not doc.get("complete", True):
         lines += ["", "_The run stopped before its last configuration._"]
     return "\n".join(lines)

@@ -14,7 +14,8 @@ to ``[B, Hq, Tq, Tk]`` that the result must also obey (a host model's own slidin
 compute the dense reference: no sparse engine takes an arbitrary mask.
 
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
-:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"auto"`` (per call, the exact
+:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"flex-sorted"`` (a prefill in two FlexAttention calls over the
+group-sorted and the original layout, no host sync: :mod:`.flex_sorted`; decode steps as ``"decomposed"``), ``"auto"`` (per call, the exact
 engine fastest for its shape from measured break-evens: plain causal attention when the mask keeps every causal
 pair, one masked fused call for a short prefill, else decomposed / decode; :mod:`.dispatch`).
 
@@ -44,6 +45,7 @@ from .decode import focus_decode_attention, gather_branch
 from .dispatch import PICKS, choose, dense_branch
 from .decomposed import decomposed_focus_attention
 from .flex import flex_focus_attention
+from .flex_sorted import sorted_flex_focus_attention
 from .lse import acc, acc_dtype, merge_pair, merge_signed_
 from .reference import dense_focus_attention
 from .sink import sink_partial
@@ -90,6 +92,13 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
         out, lse = dense_focus_attention(q, k, v, membership, window, sink=sink, allowed=allowed, return_lse=True,
                                          query_membership=query_membership, **kw)
         return (out, acc(lse)) if return_lse else out
+    if backend == "flex-sorted" and q.shape[2] == k.shape[2]:  # decode steps take the decode path below
+        if query_membership is not None:
+            raise ValueError("backend='flex-sorted' serves symmetric routing; query and key roles "
+                             "(query_membership) take backend='decomposed' or 'flex'")
+        out, lse = sorted_flex_focus_attention(q, k, v, membership, window, sink=sink, return_lse=True,
+                                               validate=False, **kw)
+        return (out, lse) if return_lse else out
     if backend == "flex":
         res = flex_focus_attention(q, k, v, membership, window, return_lse=return_lse or has_sinks(sink),
                                    validate=False, query_membership=query_membership, **kw)

@@ -13,7 +13,7 @@ import torch
 
 logger = logging.getLogger("focusattn")
 
-BACKENDS = ("auto", "dense", "decomposed", "flex")
+BACKENDS = ("auto", "dense", "decomposed", "flex", "flex-sorted")
 
 # dtypes PyTorch's fused ops (CPU flash, CUDA memory-efficient) accept; others (float64) take the generic chunked path.
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -65,14 +65,14 @@ def check_backend(backend: str, q: torch.Tensor, needs_grad: bool = False) -> st
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not q.dtype.is_floating_point:
         raise ValueError(f"backend {backend!r} needs floating-point q/k/v, got {q.dtype}")
-    if backend == "flex":
+    if backend in ("flex", "flex-sorted"):
         if not flex_available():
-            raise ValueError("backend 'flex' needs torch.nn.attention.flex_attention (torch >= 2.5)")
+            raise ValueError(f"backend {backend!r} needs torch.nn.attention.flex_attention (torch >= 2.5)")
         if q.dtype not in FLEX_DTYPES:
-            raise ValueError(f"backend 'flex' cannot run dtype {q.dtype}")
+            raise ValueError(f"backend {backend!r} cannot run dtype {q.dtype}")
         if needs_grad and q.device.type == "cpu":
-            raise ValueError(f"backend 'flex' has no backward on CPU in torch {torch.__version__} (FlexAttention "
-                             "itself refuses it); use backend='decomposed' or 'dense' for gradients")
+            raise ValueError(f"backend {backend!r} has no backward on CPU in torch {torch.__version__} "
+                             "(FlexAttention itself refuses it); use backend='decomposed' or 'dense' for gradients")
     if backend == "auto":
         # The decomposed path runs on every device/dtype (generic chunked kernels when no fused op applies).
         backend = "decomposed"
