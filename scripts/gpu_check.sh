@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the CUDA kernel tests (and the CPU property suite of the decomposed kernel under
-# that machine's torch), then a short decomposed-vs-SDPA/flex benchmark and a profile. 67-97 s of command time on one
-# H200 (six runs), plus the machine's start.
+# that machine's torch), then a short decomposed-vs-SDPA/flex benchmark and a profile, then the whole model with
+# random weights of real shapes (scripts/gpu_model_bench.py, at most 2.5 min). 67-97 s of command time on one
+# H200 before the model benchmark (six runs), plus the machine's start.
 # Usage: scripts/gpu_check.sh [--dry-run] [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json,
 # OUT_DIR/gpu_bench.log, OUT_DIR/gpu_profile.txt; default runs/gpu_check). Exit status: the tests' (the benchmark
 # runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (interpreted FlexAttention,
@@ -21,6 +22,8 @@ if [ "$DRY" = 1 ]; then
   status=${PIPESTATUS[0]}
   timeout 600 $PY scripts/gpu_bench.py --dry-run --out "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1
   bench=$?
+  timeout 300 $PY scripts/gpu_model_bench.py --dry-run --shapes smollm2-135m-32k --out "$OUT/gpu_model_bench.json" \
+    > "$OUT/gpu_model_bench.log" 2>&1 || bench=$?
   echo "gpu_check --dry-run: tests exit $status, benchmark exit $bench ($OUT/gpu_bench.json, not a measurement)"
   [ "$status" = 0 ] && [ "$bench" = 0 ]
   exit $?
@@ -35,5 +38,10 @@ timeout 200 $PY -m pytest -q --maxfail=15 -p no:cacheprovider tests/kernels/test
   -o addopts="" -rs 2>&1 | tee "$OUT/pytest.log" | tail -25
 status=${PIPESTATUS[0]}
 timeout 270 $PY scripts/gpu_bench.py --profile --out "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.log" | cut -c1-400
-echo "gpu_check: tests exit $status, benchmark exit ${PIPESTATUS[0]}"
+bench=${PIPESTATUS[0]}
+# the whole model, random weights of real shapes (SmolLM2-135M at 32K positions, a Llama-3.2-1B-shaped GQA config):
+# prefill and decode against SDPA; stops starting rows after 90 s
+timeout 150 $PY scripts/gpu_model_bench.py --budget-s 90 --out "$OUT/gpu_model_bench.json" 2>&1 \
+  | tee "$OUT/gpu_model_bench.log" | cut -c1-400
+echo "gpu_check: tests exit $status, benchmark exit $bench, model benchmark exit ${PIPESTATUS[0]}"
 exit "$status"

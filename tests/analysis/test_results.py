@@ -58,6 +58,21 @@ def test_gpu_bench_section_renders_measured_rows(tmp_path):
     assert "| 32768 | bfloat16 | random | 8 | 1 | 3.00 | 1.00 | **3.00x** |  | 2.50x |" in text
 
 
+def test_gpu_model_bench_section_says_random_weights(tmp_path):
+    """scripts/gpu_model_bench.py's JSON renders with its speed-ups and the weights labelled as random."""
+    out = tmp_path / "gpu_model_bench.json"
+    doc = {"schema": "focusattn.gpu_model_bench/1", "weights": "random (real shapes)", "device": "GPU X",
+           "torch": "2.x", "dtype": "bfloat16", "backend": "auto", "focus": "K=8", "command": "python x", "results": [
+               {"model": "llama-3.2-1b-shape", "T": 65536, "prefill_s": {"original": 2.0, "top1": 1.0, "top2": 1.6},
+                "decode_ms": {"original": 9.0, "top1": 3.0, "top2": 4.5}, "prefill_speedup": {"top1": 2.0, "top2": 1.25},
+                "decode_speedup": {"top1": 3.0, "top2": 2.0}, "peak_bytes": {"original": 2 ** 30, "top1": 2 ** 31,
+                                                                              "top2": None}}]}
+    out.write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "random (real shapes)" in text and "| llama-3.2-1b-shape | 65536 | 2.000 | 2.00x | 1.25x | 9.0 | 3.00x" in text
+    assert "1.00 / 2.00 / " in text
+
+
 def test_pareto_changes_are_against_the_original_of_the_same_run():
     from focusattn.analysis.pareto import render_pareto
 

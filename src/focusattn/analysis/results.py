@@ -150,6 +150,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         ("bench_float16.json", "### Kernels with float16 inputs", bench_markdown,
          {"plot_link": "results/bench_float16.png"}, []),
         ("gpu_bench.json", "### The kernels on a GPU (`scripts/gpu_check.sh`)", render_gpu_bench, {}, []),
+        ("gpu_model_bench.json", "### The whole model on a GPU: random weights of real shapes", render_gpu_model_bench,
+         {}, []),
         ("dispatch_bench.json", "## Never slower than the original: `backend=\"auto\"`", render_dispatch_section,
          {"results_dir": d}, []),
         ("lazy_bench.json", "## Lazy Attention kernel: speed", render_lazy_bench, {}, []),
@@ -241,6 +243,27 @@ def render_gpu_bench(doc: dict) -> str:
                   "memory vs SDPA |", "|" + "---|" * 10, *sorted_rows]
     if not doc.get("complete", True):
         lines += ["", "_The run stopped before its last configuration._"]
+    return "\n".join(lines)
+
+
+def render_gpu_model_bench(doc: dict) -> str:
+    """``scripts/gpu_model_bench.py``: the whole model (random weights, real shapes) against the original, prefill
+    and a cached decode step, in one process."""
+    x = lambda v: "" if v is None else f"{v:.2f}x"  # noqa: E731
+    gib = lambda b: "" if b is None else f"{b / 2 ** 30:.2f}"  # noqa: E731
+    lines = [f"Command: `{doc.get('command')}` on {doc['device']}, torch {doc['torch']}, {doc['dtype']}, "
+             f"{doc.get('time_utc', '')}. **Weights: {doc['weights']}**; Focus: {doc['focus']}, backend "
+             f"`{doc['backend']}`. × = the original's time / Focus's, alternated in one process.", "",
+             "| model | T | original prefill s | top-1 × | top-2 × | original decode ms | top-1 × | top-2 × | "
+             "peak GiB original / top-1 / top-2 |", "|" + "---|" * 9]
+    for r in doc["results"]:
+        p, d, ps, ds = r["prefill_s"], r["decode_ms"], r["prefill_speedup"], r["decode_speedup"]
+        peak = " / ".join(gib(r["peak_bytes"].get(v)) for v in ("original", "top1", "top2"))
+        lines.append(f"| {r['model']} | {r['T']} | {p.get('original', 0):.3f} | {x(ps.get('top1'))} | "
+                     f"{x(ps.get('top2'))} | {d.get('original', 0):.1f} | {x(ds.get('top1'))} | {x(ds.get('top2'))} | "
+                     f"{peak} |" + (f" error: {r['error']}" if r.get("error") else ""))
+    if doc.get("stopped"):
+        lines += ["", f"_{doc['stopped']}._"]
     return "\n".join(lines)
 
 
