@@ -218,6 +218,7 @@ def main(argv=None) -> int:
             doc["wall_s"] = time.perf_counter() - t_start
             write_json(args.out, doc)  # after every row: a run cut short by its time limit still reports
         del q, k, v, go
+    doc["decode"] = decode_rows(args, dev, gen, doc)
     doc["complete"] = True
     write_json(args.out, doc)
     if args.profile and dev.type == "cuda":
@@ -226,6 +227,34 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - the measurements above are already written
             print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     return 0
+
+
+def decode_rows(args, dev, gen, doc) -> list:
+    """A cached decode step (one query over a T-token cache: window + same-group keys from the group index + one
+    sink) against cached SDPA over every key, bf16, K = 8, top-1 / top-2, at 8K-128K (issue 24, item 3). Rows are
+    written into ``doc["decode"]`` as they are measured."""
+    from focusattn.kernels.api import focus_attention
+    from focusattn.kernels.group_index import GroupIndex
+
+    rows = doc.setdefault("decode", [])
+    for t in ([512, 1024] if args.dry_run else [8192, 32768, 65536, 131072]):
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        q = torch.randn(1, HQ, 1, D, generator=gen).to(dev, dtype)
+        k, v = (torch.randn(1, HKV, t, D, generator=gen).to(dev, dtype) for _ in "kv")
+        for top_k in (1, 2):
+            memb = random_membership(t, 8, top_k, 80 + top_k).to(dev)
+            index = GroupIndex(memb)
+            fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                   "focus": lambda: focus_attention(q, k, v, memb, WINDOW, sink=1, group_index=index)}
+            with torch.no_grad():
+                times = alternate(fns, max(5, args.repeats))
+            row = {"T": t, "K": 8, "top_k": top_k, "dtype": str(dtype).replace("torch.", ""), "step_s": times,
+                   "speedup_vs_sdpa": times["sdpa"] / times["focus"]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            write_json(args.out, doc)
+        del q, k, v
+    return rows
 
 
 def _profile(path: Path, gen) -> None:

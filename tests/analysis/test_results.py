@@ -56,6 +56,11 @@ def test_gpu_bench_section_renders_measured_rows(tmp_path):
     (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "| 32768 | bfloat16 | random | 8 | 1 | 3.00 | 1.00 | **3.00x** |  | 2.50x |" in text
+    doc["decode"] = [{"T": 65536, "K": 8, "top_k": 1, "dtype": "bfloat16", "step_s": {"sdpa": 0.002, "focus": 0.001},
+                      "speedup_vs_sdpa": 2.0}]
+    (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "| 65536 | bfloat16 | 1 | 2.00 | 1.00 | **2.00x** |" in text
 
 
 def test_gpu_model_bench_section_says_random_weights(tmp_path):

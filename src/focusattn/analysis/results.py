@@ -241,6 +241,12 @@ def render_gpu_bench(doc: dict) -> str:
                   "and banded, `kernels/flex_sorted.py`) in the same run:", "",
                   "| T | dtype | routing | K | top-k | SDPA | flex-sorted | speed-up | fwd+bwd speed-up | "
                   "memory vs SDPA |", "|" + "---|" * 10, *sorted_rows]
+    if doc.get("decode"):
+        lines += ["", "A cached decode step (one query; window + same-group keys read through the group index + one "
+                  "sink) against cached SDPA over every key, K = 8:", "",
+                  "| T | dtype | top-k | SDPA ms | Focus ms | speed-up |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['T']} | {r['dtype']} | {r['top_k']} | {ms(r['step_s']['sdpa'])} | {ms(r['step_s']['focus'])} "
+                  f"| **{r['speedup_vs_sdpa']:.2f}x** |" for r in doc["decode"]]
     if not doc.get("complete", True):
         lines += ["", "_The run stopped before its last configuration._"]
     return "\n".join(lines)
