@@ -22,8 +22,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from focusattn._io import write_json  # noqa: E402
+from gpu_bench import _event_time, peak_extra  # noqa: E402  (this folder: CUDA-event timing, peak memory)
 
 # Random weights, real shapes. SmolLM2-135M: its config (hidden 576, 30 layers, 9/3 heads, MLP 1536, vocab 49152,
 # RoPE base 100000) with max positions 32K; Llama-3.2-1B: its published shapes (RoPE scaling left out: speed only).
@@ -36,32 +38,6 @@ SHAPES = {
                                max_position_embeddings=131072, tie_word_embeddings=True),
 }
 LENGTHS = {"smollm2-135m-32k": [8192, 32768], "llama-3.2-1b-shape": [8192, 32768, 65536, 131072]}
-
-
-def _time(fn, dev) -> float:
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / 1e3
-
-
-def _peak(fn, dev) -> int | None:
-    if dev.type != "cuda":
-        fn()
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated() - base)
 
 
 def build(name: str, dev, dtype, layers: int | None, backend: str):
@@ -135,9 +111,10 @@ def main(argv=None) -> int:
                     for r in range(args.repeats):
                         for v in (list(variants) if r % 2 == 0 else list(reversed(variants))):
                             m, k = variants[v]
-                            times[v].append(_time(lambda: prefill(m, k), dev))
+                            times[v].append(_event_time(lambda: prefill(m, k)))
                     row["prefill_s"] = {v: statistics.median(ts) for v, ts in times.items()}
-                    row["peak_bytes"] = {v: _peak(lambda: prefill(m, k), dev) for v, (m, k) in variants.items()}
+                    row["peak_bytes"] = {v: peak_extra(lambda: prefill(m, k)) if dev.type == "cuda" else None
+                                          for v, (m, k) in variants.items()}
                     states = {}
                     for v, (m, k) in variants.items():
                         out = prefill(m, k, cache=True)
@@ -147,7 +124,7 @@ def main(argv=None) -> int:
                         for v, (m, k) in variants.items():
                             cache, tok = states[v]
                             res = {}
-                            dt = _time(lambda: res.setdefault("o", m(tok, past_key_values=cache, use_cache=True)), dev)
+                            dt = _event_time(lambda: res.setdefault("o", m(tok, past_key_values=cache, use_cache=True)))
                             states[v] = [res["o"].past_key_values, res["o"].logits[:, -1:].argmax(-1)]
                             if s:
                                 steps[v].append(dt)
