@@ -74,6 +74,8 @@ def test_sorted_flex_through_the_api_and_its_errors():
     assert (step - ref[:, :, -1:]).abs().max().item() <= 1e-5  # a decode step takes the decode path
     with pytest.raises(ValueError, match="top_k=9: allowed 1 .. K=4"):
         sorted_flex_focus_attention(q, kk, v, member, 3, top_k=9)
+    with pytest.raises(ValueError, match="top_k=1: a token is in 2 groups"):
+        sorted_flex_focus_attention(q, kk, v, member, 3, top_k=1)
     with pytest.raises(ValueError, match="prefill"):
         sorted_flex_focus_attention(q[:, :, -1:], kk, v, member, 3, top_k=2)
 

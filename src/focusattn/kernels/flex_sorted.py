@@ -67,12 +67,13 @@ def _flex_call(fn, q, k, v, block_mask, score_mod, scale, gqa):
 
 
 def sorted_flex_focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=None,
-                                key_padding_mask=None, return_lse=False, top_k: int | None = None, compile: bool | None = None,
-                                validate=True):
+                                key_padding_mask=None, return_lse=False, top_k: int | None = None,
+                                compile: bool | None = None, validate=True):
     """Focus prefill (``Tq == Tk``; the contract of :func:`focusattn.kernels.api.focus_attention`) in two
     FlexAttention calls (module docstring). ``top_k``: the most groups any token is in, a host integer so the layout
-    has a static size (None: read from ``membership``, one sync). ``compile``: None = compiled where it has the LSE
-    (CUDA), eager elsewhere."""
+    has a static size (None: read from ``membership``, one sync; ``validate`` checks a given one, with a sync, since
+    a bound below a token's groups would drop its pairs). ``compile``: None = compiled where it has the LSE (CUDA),
+    eager elsewhere."""
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
                               key_padding_mask=key_padding_mask, sink=sink)
@@ -92,6 +93,8 @@ def sorted_flex_focus_attention(q, k, v, membership, window, *, sink=0, scale=No
     top = int(membership.sum(-1).max()) if top_k is None else int(top_k)
     if not 1 <= top <= kk:
         raise ValueError(f"top_k={top_k}: allowed 1 .. K={kk} (the most groups a token is in)")
+    if validate and top_k is not None and int(membership.sum(-1).max()) > top:
+        raise ValueError(f"top_k={top_k}: a token is in {int(membership.sum(-1).max())} groups; allowed at least that")
     dev = q.device
     sinks = sink_key_mask(t, sink, key_padding_mask, dev)
     sinks = torch.zeros(b, t, dtype=torch.bool, device=dev) if sinks is None else sinks.expand(b, t)
