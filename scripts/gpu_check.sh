@@ -5,7 +5,7 @@
 # H200 before the model benchmark (six runs), plus the machine's start.
 # Usage: scripts/gpu_check.sh [--dry-run] [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json,
 # OUT_DIR/gpu_bench.log, OUT_DIR/gpu_profile.txt; default runs/gpu_check). Exit status: the tests' (the benchmark
-# runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (interpreted FlexAttention,
+# runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (eager FlexAttention,
 # sync and launch counts) and the benchmark at tiny lengths on the CPU, so the script itself is checked before a GPU
 # is lent (no numbers).
 set -uo pipefail

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from focusattn._io import write_json  # noqa: E402
-from gpu_bench import _event_time, peak_extra  # noqa: E402  (this folder: CUDA-event timing, peak memory)
+from gpu_bench import _event_time, alternate, peak_extra  # noqa: E402  (this folder: timing, peak memory)
 
 # Random weights, real shapes. SmolLM2-135M: its config (hidden 576, 30 layers, 9/3 heads, MLP 1536, vocab 49152,
 # RoPE base 100000) with max positions 32K; Llama-3.2-1B: its published shapes (RoPE scaling left out: speed only).
@@ -95,33 +95,25 @@ def main(argv=None) -> int:
                 doc["stopped"] = f"time budget {args.budget_s:g}s spent before {name} T={t}"
                 break
             x = torch.randint(0, vocab, (1, t), generator=torch.Generator().manual_seed(t)).to(dev)
-            variants = {"original": (base, None), "top1": (top1, 1), "top2": (top2, 2)}
+            variants = {"original": base, "top1": top1, "top2": top2}  # each Focus model composed at its top-k
 
-            def prefill(model, k, cache=False):
-                if k is not None:
-                    fa.set_top_k(model, k)
+            def prefill(model, cache=False):
                 return model(x, use_cache=cache, logits_to_keep=1)
 
             row = {"model": name, "T": t, "prefill_s": {}, "peak_bytes": {}, "decode_ms": {}}
             try:
                 with torch.no_grad():
-                    times = {v: [] for v in variants}
-                    for v, (m, k) in variants.items():  # warm-up (kernels, compiled flex)
-                        prefill(m, k)
-                    for r in range(args.repeats):
-                        for v in (list(variants) if r % 2 == 0 else list(reversed(variants))):
-                            m, k = variants[v]
-                            times[v].append(_event_time(lambda: prefill(m, k)))
-                    row["prefill_s"] = {v: statistics.median(ts) for v, ts in times.items()}
-                    row["peak_bytes"] = {v: peak_extra(lambda: prefill(m, k)) if dev.type == "cuda" else None
-                                          for v, (m, k) in variants.items()}
+                    row["prefill_s"] = alternate({v: (lambda m=m: prefill(m)) for v, m in variants.items()},
+                                                 args.repeats)
+                    row["peak_bytes"] = {v: peak_extra(lambda: prefill(m)) if dev.type == "cuda" else None
+                                         for v, m in variants.items()}
                     states = {}
-                    for v, (m, k) in variants.items():
-                        out = prefill(m, k, cache=True)
+                    for v, m in variants.items():
+                        out = prefill(m, cache=True)
                         states[v] = [out.past_key_values, out.logits[:, -1:].argmax(-1)]
                     steps = {v: [] for v in variants}
                     for s in range(args.decode_steps + 1):  # steps interleaved across variants; the first is warm-up
-                        for v, (m, k) in variants.items():
+                        for v, m in variants.items():
                             cache, tok = states[v]
                             res = {}
                             dt = _event_time(lambda: res.setdefault("o", m(tok, past_key_values=cache, use_cache=True)))

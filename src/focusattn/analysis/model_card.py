@@ -23,13 +23,19 @@ def _need(path: Path, made_by: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | None) -> Path:
-    """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
+def _measured(le: dict | None, mb: dict | None) -> list[str]:
+    """A card's measured tables (long-eval, model bench), as lines after its account of how it was made."""
+    lines = []
     if le is not None:
         lines += ["", MEASURED[0], "", render_pareto([le], [mb] if mb else [])]
     if mb is not None:
-        lines += ["", MEASURED[1], "", render_model_markdown(mb, plot_link="")]
-    write_text(tmp / "README.md", "\n".join(lines).replace("![model bench]()", "") + "\n")
+        lines += ["", MEASURED[1], "", render_model_markdown(mb, plot_link="").replace("![model bench]()", "")]
+    return lines
+
+
+def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | None) -> Path:
+    """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
+    write_text(tmp / "README.md", "\n".join(lines + _measured(le, mb)) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
@@ -52,13 +58,9 @@ def refresh_card(name: str, *, long_eval=None, model_bench=None, dest: Path | No
     head = next((i for i, line in enumerate(lines) if line in MEASURED), len(lines))
     le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
-    text = "\n".join(lines[:head]).rstrip("\n")
-    if le is not None:
-        text += "\n\n" + MEASURED[0] + "\n\n" + render_pareto([le], [mb] if mb else [])
-    if mb is not None:
-        text += "\n\n" + MEASURED[1] + "\n\n" + render_model_markdown(mb, plot_link="").replace("![model bench]()",
-                                                                                                     "")
-    write_text(card, text.rstrip("\n") + "\n")
+    while head and not lines[head - 1].strip():
+        head -= 1
+    write_text(card, "\n".join(lines[:head] + _measured(le, mb)).rstrip("\n") + "\n")
     return card.parent
 
 

@@ -14,10 +14,11 @@ to ``[B, Hq, Tq, Tk]`` that the result must also obey (a host model's own slidin
 compute the dense reference: no sparse engine takes an arbitrary mask.
 
 Backends: ``"dense"`` (the O(T²) reference), ``"decomposed"`` (exact sub-quadratic: :mod:`.decomposed` for prefill,
-:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"flex-sorted"`` (a prefill in two FlexAttention calls over the
-group-sorted and the original layout, no host sync: :mod:`.flex_sorted`; decode steps as ``"decomposed"``), ``"auto"`` (per call, the exact
-engine fastest for its shape from measured break-evens: plain causal attention when the mask keeps every causal
-pair, one masked fused call for a short prefill, else decomposed / decode; :mod:`.dispatch`).
+:mod:`.decode` when ``Tq < Tk``), ``"flex"`` (FlexAttention with a block mask), ``"flex-sorted"`` (a prefill in two
+FlexAttention calls over the group-sorted and the original layout, no host sync: :mod:`.flex_sorted`; decode steps as
+``"decomposed"``), ``"auto"`` (per call, the exact engine fastest for its shape from measured break-evens: plain
+causal attention when the mask keeps every causal pair, one masked fused call for a short prefill, else decomposed /
+decode; :mod:`.dispatch`).
 
 ``group_index`` (a :class:`.group_index.GroupIndex` over the same ``Tk`` tokens) lets the decode path
 (decomposed/auto with ``Tq < Tk``) read each query's keys from per-group lists instead of scanning ``membership``;

@@ -90,11 +90,12 @@ def sorted_flex_focus_attention(q, k, v, membership, window, *, sink=0, scale=No
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, hq, t, _ = q.shape
-    top = int(membership.sum(-1).max()) if top_k is None else int(top_k)
+    most = int(membership.sum(-1).max()) if top_k is None or validate else None  # the one read, if any
+    top = most if top_k is None else int(top_k)
     if not 1 <= top <= kk:
         raise ValueError(f"top_k={top_k}: allowed 1 .. K={kk} (the most groups a token is in)")
-    if validate and top_k is not None and int(membership.sum(-1).max()) > top:
-        raise ValueError(f"top_k={top_k}: a token is in {int(membership.sum(-1).max())} groups; allowed at least that")
+    if most is not None and most > top:
+        raise ValueError(f"top_k={top_k}: a token is in {most} groups; allowed at least that")
     dev = q.device
     sinks = sink_key_mask(t, sink, key_padding_mask, dev)
     sinks = torch.zeros(b, t, dtype=torch.bool, device=dev) if sinks is None else sinks.expand(b, t)
