@@ -409,7 +409,8 @@ routing-long: $(STAMP) python-docs
 # groups) and the same dense heads, cap and warm rebalancing; a held-out curve every 100 steps. ~20 min on one core
 # (the targets of 12 windows, ~20 s each, kept in $(ROUTE)/targets); then the same on g2's 24 windows at a third of
 # the learning rate (~23 min; curve only), and long-eval of the first at 2048 (top-1 with the oracle, sliding and duo
-# at its budget, recall) and at 4096/8192, as routing-long. ~1.5 h in all on 2 cores (DECISIONS: not shipped).
+# at its budget, recall) and at 4096/8192, as routing-long; last, how much any one partition into K groups could keep
+# of those windows' attention (scripts/partition_oracle.py, ~1 min). ~1.5 h in all on 2 cores (DECISIONS: not shipped).
 G2Q := $(ROUTE)/g2q
 routing-qproj: $(STAMP) python-docs
 	$(VENV)/bin/focusattn retrofit --objective attention --data shakespeare+python-docs --seq-len 2048 --pool 12 \
@@ -433,4 +434,5 @@ routing-qproj: $(STAMP) python-docs
 		--out $(ROUTE)/le_g2q_long
 	cp $(ROUTE)/le_g2q_2k/long_eval.json docs/results/long_eval_attention_g2q.json
 	cp $(ROUTE)/le_g2q_long/long_eval.json docs/results/long_eval_attention_g2q_long.json
+	$(PY) scripts/partition_oracle.py --targets $(ROUTE)/targets --windows 3 --out docs/results/partition_oracle.json
 	$(MAKE) results

@@ -33,3 +33,15 @@ def test_global_keys_table():
            "corpora": {"a": {"distant_share": 0.25, "held": [0.5, 0.6]}}}
     text = render_global_keys(doc)
     assert "| a | 25% | 50% | 60% |" in text and "held by top 1% of keys" in text and "scripts/x.py" in text
+
+
+def test_render_partition_oracle_lists_each_layer_and_the_mean():
+    from focusattn.analysis.recall_report import render_partition_oracle
+
+    r = {"global_share": 0.4, "router": 0.3, "router_budget": 0.2, "symmetric": 0.6, "symmetric_budget": 0.2,
+         "asymmetric": 0.7, "asymmetric_budget": 0.3}
+    doc = {"command": "python scripts/partition_oracle.py --out x", "windows": ["a", "b"], "groups": 8,
+           "capacity": 1.5, "what": "mass kept", "mean": r, "layers": [{"layer": 0, **r}]}
+    text = render_partition_oracle(doc)
+    assert "| 0 | 40% | 30% (20%) | 60% (20%) | 70% (30%) |" in text and "| **mean** |" in text
+    assert "scripts/partition_oracle.py" in text and "2 cached target windows" in text

@@ -93,6 +93,23 @@ def render_global_keys(doc: dict) -> str:
                               "weighted by layer. Command: `" + doc["command"] + "`"])
 
 
+def render_partition_oracle(doc: dict) -> str:
+    """``scripts/partition_oracle.py``: what the router's top-1 groups keep of the distant attention its global keys
+    leave, beside partitions into the same K groups fitted on each window itself, at their budgets, per layer."""
+    cols = (("router", "router"), ("symmetric partition", "symmetric"), ("asymmetric partition", "asymmetric"))
+    head = ["layer", "global keys hold"] + [f"{n} keeps (budget)" for n, _ in cols]
+    lines = [f"Command: `{doc['command']}`", "", f"{len(doc['windows'])} cached target windows, K = {doc['groups']}, "
+             f"groups capped at {doc['capacity']:g}x the balanced share; {doc['what']}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(name, r):
+        return (f"| {name} | {100 * r['global_share']:.0f}% | " + " | ".join(
+            f"{100 * r[k]:.0f}% ({100 * r[k + '_budget']:.0f}%)" for _, k in cols) + " |")
+
+    lines += [row(str(r["layer"]), r) for r in doc["layers"]] + [row("**mean**", doc["mean"])]
+    return "\n".join(lines)
+
+
 def render_roles(doc: dict) -> str:
     """``scripts/roles_eval.py``: query and key roles (query top-1 / key top-k) beside symmetric top-1 and top-2 on
     one adapter, without retraining: kept pairs, distant attention dropped (and the oracle's at the same budget),
