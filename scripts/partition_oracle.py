@@ -56,12 +56,15 @@ def _mass(q_group, k_group, rows, cols, vals) -> float:
 
 
 def _budget(q_group, k_group, t: int, window: int, sink: int) -> float:
-    """Mean share of a query's distant keys (sink <= j < i - window) that hold its group."""
-    shares = []
-    for i in range(window + sink + 1, t):
-        keys = k_group[sink:i - window]
-        shares.append(float((keys == q_group[i]).mean()))
-    return float(np.mean(shares)) if shares else 0.0
+    """Mean share of a query's distant keys (sink <= j < i - window) that hold its group, from prefix counts."""
+    k = int(max(q_group.max(), k_group.max())) + 1
+    cum = np.zeros((t + 1, k))
+    cum[1:] = np.cumsum(np.eye(k)[k_group], axis=0)  # cum[n, g]: keys before n in group g
+    i = np.arange(window + sink + 1, t)
+    if not i.size:
+        return 0.0
+    hi = i - window
+    return float(np.mean((cum[hi, q_group[i]] - cum[sink, q_group[i]]) / (hi - sink)))
 
 
 def fit(rows, cols, vals, t: int, k: int, cap: int, init: np.ndarray, iters: int, symmetric: bool):

@@ -41,3 +41,12 @@ def test_fit_recovers_a_planted_partition():
         kept = po._mass(qg, kg, rows, cols, vals)
         assert kept >= start and kept > 0.9
         assert np.bincount(kg, minlength=k).max() <= int(1.5 * t / k)
+
+
+def test_budget_is_the_share_of_distant_keys_in_the_query_group():
+    rng = np.random.default_rng(0)
+    t, window, sink = 40, 3, 2
+    qg, kg = rng.integers(0, 4, t), rng.integers(0, 4, t)
+    direct = np.mean([(kg[sink:i - window] == qg[i]).mean() for i in range(window + sink + 1, t)])
+    assert abs(po._budget(qg, kg, t, window, sink) - direct) < 1e-12
+    assert po._budget(qg[:5], kg[:5], 5, 8, 1) == 0.0  # no query has a distant key
