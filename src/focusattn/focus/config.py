@@ -33,6 +33,12 @@ class FocusConfig:
         the top ``key_top_k`` (else ``top_k``) of ``(W_g h) C^T / tau``. Why: attention is asymmetric (q . k), and a
         retrieval lookup needs the query (token A) and the key *after* an earlier A in one group, which one shared
         ranking cannot express. ``W_q`` starts as a copy of ``W_g``, so an untrained one serves the symmetric groups.
+    router_hidden: a small MLP beside the router's linear projection (not in the paper): a token's router features
+        are ``W_g h + W_2 gelu(W_1 h + b_1)`` with ``W_1`` of ``router_hidden`` rows (and ``W_q h`` plus the same MLP
+        for the query role with ``query_proj``). Why: the partition oracle (scripts/partition_oracle.py) measured that
+        one symmetric partition into K groups keeps 59% of the distant attention the global keys leave where the
+        linear router keeps 36%: the router's input map, not the partition, is the limit. ``W_2`` starts at zero, so
+        an untrained MLP serves the linear router's groups (and a linear adapter continues exactly). 0 = linear.
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
     sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the
@@ -77,6 +83,7 @@ class FocusConfig:
     top_k: int | None = None
     key_top_k: int | None = None
     query_proj: bool = False
+    router_hidden: int = 0
     offset_momentum: float = 0.9
     backend: str = "auto"
     sink_tokens: int = 1
@@ -125,6 +132,8 @@ class FocusConfig:
         if self.query_proj and self.routing != "causal":
             bad("query_proj", f"False with routing={self.routing!r} (the query offsets are learned like the "
                 "causal offsets)")
+        if isinstance(self.router_hidden, bool) or not isinstance(self.router_hidden, int) or self.router_hidden < 0:
+            bad("router_hidden", "an integer >= 0 (the router MLP's hidden width; 0 = the linear router)")
         if not 0.0 <= self.offset_momentum < 1.0:
             bad("offset_momentum", "a float in [0, 1)")
         if self.backend not in BACKENDS:

@@ -195,7 +195,8 @@ def _mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 
 
 class FocusRouter(nn.Module):
-    """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer.
+    """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer
+    (``cfg.router_hidden`` adds a small MLP's output to ``W_g h``).
 
     Causal routing keeps an EMA of the Sinkhorn per-group potentials (``offsets``, a buffer saved with the adapter).
     Training forwards update it from the batch; every forward (training included) assigns with the stored value, so a
@@ -217,6 +218,11 @@ class FocusRouter(nn.Module):
             with torch.no_grad():
                 self.proj_q.weight.copy_(self.proj.weight)
             self.register_buffer("q_offsets", torch.zeros(cfg.num_groups))
+        self.mlp = None
+        if cfg.router_hidden:  # W_2 at zero: an untrained MLP serves the linear router's groups
+            self.mlp = nn.Sequential(nn.Linear(d_model, cfg.router_hidden), nn.GELU(),
+                                     nn.Linear(cfg.router_hidden, cfg.group_dim, bias=False))
+            nn.init.zeros_(self.mlp[2].weight)
         self.globals = None  # the global-key scorer: one logit per token from its own layer input
         if cfg.global_rate > 0:
             self.globals = nn.Linear(d_model, 1)
@@ -229,15 +235,23 @@ class FocusRouter(nn.Module):
         self.balance: torch.Tensor | None = None  # last training forward's load-balance loss (see balance_loss)
         self.largest_share: float | None = None  # last training forward's share of tokens in the largest group
 
+    def _features(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``W h`` [B, T, d_g], plus the MLP's ``W_2 gelu(W_1 h + b_1)`` with ``cfg.router_hidden``. F.linear, not
+        the submodules' __call__ (hooks machinery, per layer and decode step)."""
+        F = torch.nn.functional
+        h = h.to(w.dtype)
+        f = F.linear(h, w)
+        if self.mlp is not None:
+            f = f + F.linear(F.gelu(F.linear(h, self.mlp[0].weight, self.mlp[0].bias)), self.mlp[2].weight)
+        return f
+
     def scores(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``(W_g h) C^T / tau`` [B, T, K] (tau applied once; Sinkhorn works on these directly)."""
-        w = self.proj.weight  # F.linear, not the submodule's __call__ (hooks machinery, per layer and decode step)
-        return torch.nn.functional.linear(h.to(w.dtype), w) @ self.centroids.t() / self.cfg.tau
+        return self._features(h, self.proj.weight) @ self.centroids.t() / self.cfg.tau
 
     def scores_q(self, h: torch.Tensor) -> torch.Tensor:
         """The queries' logits ``(W_q h) C^T / tau`` [B, T, K] (``cfg.query_proj``): the same centroids."""
-        w = self.proj_q.weight
-        return torch.nn.functional.linear(h.to(w.dtype), w) @ self.centroids.t() / self.cfg.tau
+        return self._features(h, self.proj_q.weight) @ self.centroids.t() / self.cfg.tau
 
     def _offsets(self, logits, learned, batch_b, mask, start, past, memo) -> torch.Tensor:
         """The causal offsets ``[B, K]`` or ``[B, T, K]`` one role (keys, or queries with ``cfg.query_proj``)

@@ -199,7 +199,7 @@ def update_config(model, **changes) -> FocusConfig:
     if state.cfg.query_proj and k not in (None, 1):
         raise ValueError(f"top_k={k!r} is invalid for routers with query_proj=True (the queries' own projection is "
                          "served exactly only at query top-1): allowed None or 1")
-    fixed = {"num_groups", "group_dim", "query_proj"} & set(changes)
+    fixed = {"num_groups", "group_dim", "query_proj", "router_hidden"} & set(changes)
     if fixed:
         raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
     new = dataclasses.replace(state.cfg, **changes)

@@ -99,6 +99,16 @@ def _symmetric_start(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+def _linear_start(model, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A linear router's tensors for a model whose routers have an MLP (``router_hidden``): the MLP keeps the
+    model's own tensors, whose output weight is zero until trained, so it serves the adapter's groups."""
+    out = dict(tensors)
+    for key, t in _router_tensors(model):
+        if ".mlp." in key and key not in out:
+            out[key] = t.detach().cpu()
+    return out
+
+
 def save_adapter(model, path: str | os.PathLike) -> Path:
     """Write the adapter folder: the tensors, then the config holding their sha256; each file appears whole."""
     path = Path(path)
@@ -240,8 +250,14 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
         raise ValueError(f"adapter {path} was saved with query_proj=True (the queries' own projection) but the model "
                          "is composed with query_proj=False: compose with query_proj=True or load into an uncomposed "
                          "model")
+    elif cfg.router_hidden and focus_config(model).router_hidden != cfg.router_hidden:
+        raise ValueError(f"adapter {path} was saved with router_hidden={cfg.router_hidden} (an MLP router) but the "
+                         f"model is composed with router_hidden={focus_config(model).router_hidden}: compose with "
+                         f"router_hidden={cfg.router_hidden} or load into an uncomposed model")
     if focus_config(model).query_proj and not cfg.query_proj:
         tensors = _symmetric_start(tensors)
+    if focus_config(model).router_hidden and not cfg.router_hidden:
+        tensors = _linear_start(model, tensors)
     try:
         load_adapter_state(model, tensors, source=str(path / WEIGHTS))
     except ValueError:

@@ -46,6 +46,9 @@ def add_focus_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--query-proj", action="store_true",
                    help="give the query role its own projection onto the same centroids (served at top-1 only; "
                         "FocusConfig.query_proj)")
+    g.add_argument("--router-hidden", type=int, default=d.router_hidden,
+                   help="hidden width of a small MLP beside the router's linear projection (starts at the linear "
+                        "router's groups; FocusConfig.router_hidden); 0 = linear, the paper's router")
     g.add_argument("--global-rate", type=float, default=d.global_rate,
                    help="share of tokens the router makes global keys, visible to every later query (chosen by "
                         "each key's own layer input; trained by --objective attention); 0 = off")
@@ -56,7 +59,8 @@ def focus_from_args(a) -> FocusConfig:
                        sinkhorn_iters=a.sinkhorn_iters, gate=a.gate, lam=a.lam, gate_offset=a.gate_offset,
                        routing=a.routing, backend=a.backend, sink_tokens=a.sink_tokens,
                        rebalance=a.rebalance, rebalance_warm=a.rebalance_warm, global_rate=a.global_rate,
-                       query_proj=a.query_proj, capacity=a.capacity)
+                       query_proj=a.query_proj, capacity=a.capacity,
+                       router_hidden=a.router_hidden)
 
 
 def add_lazy_args(p: argparse.ArgumentParser) -> None:
