@@ -24,7 +24,10 @@ def test_render_and_plot(tmp_path):
     text = render_curves(_recs(), SUMMARY, plot_link="x.png")
     assert "| 10 | 60.0% |" in text and "11.00 | 24.00 |" in text and "10.00 domain" in text and "x.png" in text
     start = render_curves(_recs(), {**SUMMARY, "heldout_start": {"step": 0, "heldout_top1": 13.0}})
-    assert "| 0 | — | — | — / — | 13.00 | — |" in start
+    assert "| 0 | — | — | — | — / — | 13.00 | — |" in start
+    recs = _recs()
+    recs[9]["heldout_budget_top1"] = 0.25  # runs that recorded the keys kept show them beside the mass
+    assert "| 10 | 60.0% | 25.0% |" in render_curves(recs, SUMMARY)
     assert "No held-out curve" in render_curves([{"step": 1, "largest_share": [0.5]}], SUMMARY)
     png = plot_curves(_recs(), SUMMARY, tmp_path / "c.png")
     assert png.stat().st_size > 1000 and not list(tmp_path.glob("*.tmp.png"))

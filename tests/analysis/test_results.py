@@ -170,5 +170,5 @@ def test_a_longer_runs_curves_render_from_its_metrics_beside_it(tmp_path):
     recs[1].update(heldout_top1=35.0, heldout_kept_top1=0.55)
     (tmp_path / "retrofit_long_x.metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
-    assert "### Longer sequences: `long_x`" in text and "| 0 | 50.0% |" in text and "| 2 | 55.0% | 50.0% |" in text
+    assert "### Longer sequences: `long_x`" in text and "| 0 | 50.0% |" in text and "| 2 | 55.0% | — | 50.0% |" in text
     assert (tmp_path / "retrofit_long_x.curves.png").exists() and "results/retrofit_long_x.curves.png" in text

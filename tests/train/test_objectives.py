@@ -121,6 +121,7 @@ def test_retrofit_with_the_attention_objective(tmp_path, tiny_dir):
     assert [r["step"] for r in recs] == [1, 2, 3, 4] and all("kept_top1" in r and "attn_ce" in r for r in recs)
     curve = [r for r in recs if "heldout_top1" in r]  # the held-out curve, every eval_every steps
     assert [r["step"] for r in curve] == [2, 4] and all(0 <= r["heldout_kept_top1"] <= 1 for r in curve)
+    assert all(0 < r["heldout_budget_top1"] <= 1 for r in curve)  # beside the mass: the keys kept for it
     assert s["heldout_start"]["step"] == 0 and s["heldout_start"]["heldout_top1"] > 1  # the curve's step 0
     assert s["config"]["objective"] == "attention" and "top1" in s["perplexity"]["after"]["domain"]
     assert (tmp_path / "run" / "adapter" / "adapter.safetensors").exists()
@@ -151,3 +152,27 @@ def test_retrofit_serves_and_stores_its_dense_heads(tmp_path, tiny_dir):
 def test_bad_objective_settings_name_the_argument(kw, name):
     with pytest.raises(InputError, match=name):
         RetrofitConfig(**kw)
+
+
+@pytest.mark.parametrize("with_global", [False, True])
+def test_top1_budget_is_the_direct_count(with_global):
+    """The share of each query's distant keys that share its top-1 group (or are global), by a direct loop."""
+    from focusattn.train.objectives import top1_budget
+
+    g = torch.Generator().manual_seed(3)
+    groups = torch.softmax(torch.randn(2, 30, 4, generator=g), -1)
+    glob = torch.rand(2, 30, generator=g) < 0.2 if with_global else None
+    window, sink = 5, 1
+    top, shares = groups.argmax(-1), []
+    for b in range(2):
+        for i in range(30):
+            keys = range(sink, i - window)
+            if len(keys) == 0:
+                continue
+            hit = [top[b, j] == top[b, i] or (glob is not None and bool(glob[b, j])) for j in keys]
+            shares.append(sum(map(bool, hit)) / len(keys))
+    assert top1_budget(groups, window, sink, glob) == pytest.approx(sum(shares) / len(shares))
+    one = torch.zeros(1, 30, 4)
+    one[..., 0] = 1  # one group: every distant key kept
+    assert top1_budget(one, window, sink) == pytest.approx(1.0)
+    assert top1_budget(groups[:, :5], window, sink) == 0.0  # no query has distant keys

@@ -3,7 +3,8 @@
 Read from the run's ``metrics.jsonl`` (``focusattn retrofit --out RUN``): per step the share of the training
 targets' distant mass that top-1 keeps (``kept_top1``, attention objective) and the per-layer largest-group share
 (``largest_share``: 1/K balanced, 1 collapsed); every ``--eval-every`` steps the same on a held-out window
-(``heldout_kept_top1``) and the served top-1 perplexity of the first held-out window of each split
+(``heldout_kept_top1``, beside the share of distant keys top-1 keeps, ``heldout_budget_top1``, in runs that
+recorded it) and the served top-1 perplexity of the first held-out window of each split
 (``heldout_top1``, ``heldout_ood_top1``). ``docs/RESULTS.md`` renders the held-out rows and plots all three.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from .._io import pyplot
 from .report import _f
 
-HELD_OUT = ("heldout_kept_top1", "heldout_top1", "heldout_ood_top1")
+HELD_OUT = ("heldout_kept_top1", "heldout_budget_top1", "heldout_top1", "heldout_ood_top1")
 
 
 def _layers(r: dict) -> tuple[float, float]:
@@ -47,11 +48,13 @@ def render_curves(recs: list[dict], summary: dict, *, plot_link: str | None = No
     before = summary["perplexity"]["before"]
     lines = [f"Held-out curve (`--eval-every`; one window per split at T = {summary['config']['seq_len']}; the "
              f"original model: {_f(before.get('domain'))} domain, {_f(before.get('ood'))} OOD):", "",
-             "| step | held-out mass kept (top-1) | train mass kept (last 10 steps) | largest group, mean / worst "
-             "layer | top-1 ppl domain | top-1 ppl OOD |", "|---|---|---|---|---|---|"]
+             "| step | held-out mass kept (top-1) | held-out distant keys kept (top-1) | train mass kept (last 10 "
+             "steps) | largest group, mean / worst layer | top-1 ppl domain | top-1 ppl OOD |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         pct = lambda v: "—" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        lines.append(f"| {r['step']} | {pct(r.get('heldout_kept_top1'))} | {pct(r.get('train_kept_top1'))} | "
+        lines.append(f"| {r['step']} | {pct(r.get('heldout_kept_top1'))} | {pct(r.get('heldout_budget_top1'))} | "
+                     f"{pct(r.get('train_kept_top1'))} | "
                      f"{_f(r.get('largest_mean'), 3)} / {_f(r.get('largest_max'), 3)} | {_f(r.get('heldout_top1'))} | "
                      f"{_f(r.get('heldout_ood_top1'))} |")
     if plot_link:

@@ -114,6 +114,25 @@ def distant_sums(groups: torch.Tensor, window: int, sink: int) -> torch.Tensor:
     return s * (hi > lo).to(s.dtype)[None, :, None]
 
 
+@torch.no_grad()
+def top1_budget(groups: torch.Tensor, window: int, sink: int, global_keys: torch.Tensor | None = None) -> float:
+    """The mean share of a query's distant keys (``sink <= j < i - window``) that hard top-1 of ``groups`` [B, T, K]
+    keeps (the key shares the query's group, or is a global key), over queries with distant keys: the budget beside
+    ``kept``, without which a router that grows its groups would look better (it keeps more by keeping more keys)."""
+    t, k = groups.shape[1], groups.shape[-1]
+    top = groups.argmax(-1)
+    one = F.one_hot(top, k).to(torch.float64)
+    if global_keys is not None:
+        one = torch.cat([one * ~global_keys[..., None], global_keys[..., None].to(one.dtype)], -1)  # last: global
+    counts = distant_sums(one, window, sink)  # [B, T, K(+1)]: distant keys per group (and global)
+    same = counts.gather(-1, top[..., None])[..., 0] + (counts[..., -1] if global_keys is not None else 0)
+    n = (torch.arange(t, device=groups.device) - window - min(sink, t)).clamp_min(0).to(torch.float64)
+    ok = n > 0
+    if not bool(ok.any()):
+        return 0.0
+    return float((same[:, ok] / n[ok]).mean())
+
+
 def global_key_loss(logits: torch.Tensor, tg: LayerTargets, rate: float) -> torch.Tensor:
     """Binary cross-entropy of the global-key scorer's ``logits`` [B, T] against "attraction in the top ``rate``
     share of this window's labelled keys"."""
@@ -211,11 +230,16 @@ class AttentionObjective:
         return routing, loss, k
 
     @torch.no_grad()
-    def kept(self, x: torch.Tensor) -> float:
-        """The share of ``x``'s target mass top-1 keeps, mean over layers, with the routers in the mode they are in
-        (evaluation: a held-out window, nothing learned from it)."""
-        ks = [self._layer(r, tg)[2] for r, tg in zip(self.routers, self.targets(x))]
-        return sum(ks) / len(ks)
+    def kept(self, x: torch.Tensor) -> tuple[float, float]:
+        """``(kept, budget)``: the share of ``x``'s target mass top-1 keeps and the share of distant keys it keeps
+        (:func:`top1_budget`), means over layers, with the routers in the mode they are in (evaluation: a held-out
+        window, nothing learned from it)."""
+        ks, bs = [], []
+        for r, tg in zip(self.routers, self.targets(x)):
+            routing, _, k = self._layer(r, tg)
+            ks.append(k)
+            bs.append(top1_budget(routing.groups, self.cfg.window, self.cfg.sink_tokens, routing.global_keys))
+        return sum(ks) / len(ks), sum(bs) / len(bs)
 
     def __call__(self, x: torch.Tensor):
         losses, kept, glob = [], [], []

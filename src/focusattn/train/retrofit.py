@@ -305,7 +305,9 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     def held_out(step: int) -> dict:
         """Every ``eval_every`` steps, the curves of a run: served top-1 perplexity on the first held-out window of
-        each split and, with the attention objective, the share of that window's target mass top-1 keeps."""
+        each split and, with the attention objective, the share of that window's target mass top-1 keeps and the
+        share of distant keys it keeps to do so (uncapped top-1: a router that grows its groups keeps more mass by
+        keeping more keys)."""
         if not cfg.eval_every or step % cfg.eval_every:
             return {}
         set_top_k(model, 1)
@@ -316,7 +318,8 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
         finally:
             set_top_k(model, None)
         if attention is not None:  # the routers still in evaluation mode: the window teaches them nothing
-            res["heldout_kept_top1"] = attention.kept(torch.as_tensor(val_w[:1], device=device))
+            res["heldout_kept_top1"], res["heldout_budget_top1"] = attention.kept(
+                torch.as_tensor(val_w[:1], device=device))
         for r in rs:  # perplexity() left the whole model in evaluation mode
             r.train()
         return res
