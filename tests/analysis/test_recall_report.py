@@ -45,3 +45,16 @@ def test_render_partition_oracle_lists_each_layer_and_the_mean():
     text = render_partition_oracle(doc)
     assert "| 0 | 40% | 30% (20%) | 60% (20%) | 70% (30%) |" in text and "| **mean** |" in text
     assert "scripts/partition_oracle.py" in text and "2 cached target windows" in text
+
+
+def test_render_router_recall_has_a_row_per_mask_and_a_column_per_register():
+    from focusattn.analysis.recall_report import render_router_recall
+
+    rows = [{"corpus": c, "mask": m, "dropped_distant": d, "keys_per_query": k}
+            for c in ("shakespeare", "lee-news") for m, d, k in (("g2", 0.345, 143.7), ("oracle@top1", 0.178, 143.7))]
+    rows = rows[:-1]  # a cell not measured
+    doc = {"command": "python scripts/router_recall.py --out x", "length": 2048, "windows": 2,
+           "trained_on": "shakespeare", "adapters": {"g2": "smollm2-135m-focus-g2"}, "rows": rows}
+    text = render_router_recall(doc)
+    assert "| mask | shakespeare | lee-news |" in text and "| g2 | 34.5% (144) | 34.5% (144) |" in text
+    assert "| oracle@top1 | 17.8% (144) | — |" in text and "scripts/router_recall.py" in text

@@ -110,6 +110,25 @@ def render_partition_oracle(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_router_recall(doc: dict) -> str:
+    """``scripts/router_recall.py``: each adapter's served top-1 mask, with its cap and uncapped, by the share of the
+    original's distant attention it drops and the keys per query it keeps, on each register (one pass per window,
+    the same attention for every mask), beside the oracle at the first adapter's budget."""
+    corpora = list(dict.fromkeys(r["corpus"] for r in doc["rows"]))
+    masks = list(dict.fromkeys(r["mask"] for r in doc["rows"]))
+    cell = {(r["corpus"], r["mask"]): r for r in doc["rows"]}
+    lines = [f"Command: `{doc['command']}`", "",
+             f"T = {doc['length']}, {doc['windows']} validation windows per register; trained on "
+             f"{doc.get('trained_on', '?')}; adapters: " + "; ".join(f"`{k}` = `{v}`" for k, v in doc["adapters"].items())
+             + ". Cells: distant attention dropped (keys per query kept, window and sink included).", "",
+             "| mask | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
+    for m in masks:
+        lines.append(f"| {m} | " + " | ".join(
+            "—" if (c, m) not in cell else f"{100 * cell[c, m]['dropped_distant']:.1f}% "
+            f"({cell[c, m]['keys_per_query']:.0f})" for c in corpora) + " |")
+    return "\n".join(lines)
+
+
 def render_roles(doc: dict) -> str:
     """``scripts/roles_eval.py``: query and key roles (query top-1 / key top-k) beside symmetric top-1 and top-2 on
     one adapter, without retraining: kept pairs, distant attention dropped (and the oracle's at the same budget),

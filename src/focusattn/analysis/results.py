@@ -13,7 +13,8 @@ from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
-from .recall_report import recall_section, render_global_keys, render_partition_oracle, render_roles
+from .recall_report import (recall_section, render_global_keys, render_partition_oracle, render_roles,
+                            render_router_recall)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
@@ -138,6 +139,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          render_roles, {}, []),
         ("partition_oracle.json", "### What one partition into K groups could keep (`scripts/partition_oracle.py`)",
          render_partition_oracle, {}, []),
+        ("router_recall.json", "### Served top-1 masks of several routers, capped and uncapped, on three registers "
+         "(`scripts/router_recall.py`)", render_router_recall, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
          "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
