@@ -148,7 +148,11 @@ def test_retrofit_serves_and_stores_its_dense_heads(tmp_path, tiny_dir):
                                      (dict(attn_keys=0), "attn_keys"), (dict(pool=-1), "pool"),
                                      (dict(eval_every=-1), "eval_every"),
                                      (dict(dense_heads="induction"), "dense_heads"),
-                                     (dict(dense_heads="1:0", method="lora"), "dense_heads")])
+                                     (dict(dense_heads="1:0", method="lora"), "dense_heads"),
+                                     (dict(objective="attention", attn_loss="kl"), "attn_loss"),
+                                     (dict(attn_loss="mass"), "attn_loss"),
+                                     (dict(objective="attention", attn_loss="mass",
+                                           focus=fa.FocusConfig(query_proj=True)), "attn_loss")])
 def test_bad_objective_settings_name_the_argument(kw, name):
     with pytest.raises(InputError, match=name):
         RetrofitConfig(**kw)
@@ -176,3 +180,38 @@ def test_top1_budget_is_the_direct_count(with_global):
     one[..., 0] = 1  # one group: every distant key kept
     assert top1_budget(one, window, sink) == pytest.approx(1.0)
     assert top1_budget(groups[:, :5], window, sink) == 0.0  # no query has distant keys
+
+
+def test_mass_loss_is_minus_the_kept_share_under_balanced_groups():
+    """Hard balanced groups whose targets share the query's group keep everything (loss -1); the same targets
+    under another balanced partition keep less; gradients reach the logits; global keys are left out."""
+    from focusattn.train.objectives import router_mass_loss
+
+    t, k = 32, 4
+    grp = torch.arange(t) % k  # balanced: Sinkhorn's potentials stay ~0
+    idx = torch.full((1, t, 3), -1, dtype=torch.int32)
+    for i in range(t):
+        same = [j for j in range(i - 6) if grp[j] == grp[i]][:3]
+        idx[0, i, :len(same)] = torch.tensor(same, dtype=torch.int32)
+    tg = LayerTargets(torch.zeros(1, t, 8).bfloat16(), idx, (idx >= 0).float(), torch.ones(1, t))
+    good = 30.0 * torch.nn.functional.one_hot(grp, k).float()[None]
+    assert float(router_mass_loss(good, tg, iters=10)) == pytest.approx(-1.0, abs=1e-4)
+    other = 30.0 * torch.nn.functional.one_hot((torch.arange(t) // 2) % k, k).float()[None]
+    assert float(router_mass_loss(other, tg, iters=10)) > -0.9
+    logits = torch.randn(1, t, k, requires_grad=True)
+    router_mass_loss(logits, tg, iters=10).backward()
+    assert float(logits.grad.abs().sum()) > 0
+    glob = torch.zeros(1, t, dtype=torch.bool)
+    glob[0, :t] = True  # every key global: nothing left for the groups to keep
+    assert float(router_mass_loss(good, tg, iters=10, global_keys=glob)) == 0.0
+
+
+def test_retrofit_with_the_mass_loss(tmp_path, tiny_dir):
+    cfg = RetrofitConfig(model=str(tiny_dir / "model"), data=str(tiny_dir / "corpus"), ood_data=None,
+                         out=str(tmp_path / "run"), steps=2, seq_len=48, eval_windows=1, eval_top_ks=(1,),
+                         objective="attention", attn_loss="mass", attn_keys=8, pool=2, lr=0.05,
+                         focus=fa.FocusConfig(num_groups=4, window=8, router_hidden=4))
+    s = retrofit(cfg, progress=False)
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(-1 <= r["loss"] <= 0 and 0 <= r["kept_top1"] <= 1 for r in recs)  # minus a share of the mass
+    assert s["config"]["attn_loss"] == "mass" and s["config"]["focus"]["router_hidden"] == 4

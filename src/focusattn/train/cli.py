@@ -10,7 +10,7 @@ from ..lazy.config import TAU_MODES, ElasticConfig
 from .._cli_common import HelpFormatter, set_threads
 from ..analysis.report import retrofit_table
 from . import dist
-from .objectives import OBJECTIVES
+from .objectives import ATTN_LOSSES, OBJECTIVES
 from .retrofit import METHODS, RetrofitConfig, retrofit
 
 
@@ -92,8 +92,8 @@ def _retrofit(a) -> int:
         checkpoint_every=a.checkpoint_every, grad_checkpointing=a.grad_checkpointing, resume=a.resume, fsdp=a.fsdp,
         balance_loss=a.balance_loss, lam_final=a.lam_final, method=a.method, lora_rank=a.lora_rank,
         lora_alpha=a.lora_alpha, distill=a.distill, init_adapter=a.init_adapter,
-        repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, pool=a.pool,
-        targets_cache=a.targets_cache, dense_heads=a.dense_heads, eval_every=a.eval_every,
+        repeat_prob=a.repeat_prob, objective=a.objective, attn_keys=a.attn_keys, attn_loss=a.attn_loss,
+        pool=a.pool, targets_cache=a.targets_cache, dense_heads=a.dense_heads, eval_every=a.eval_every,
         focus=focus_from_args(a), lazy=lazy_from_args(a),
     )
     set_threads(a.threads)
@@ -142,6 +142,9 @@ def register(sub) -> None:
                         "in the frozen model (one no-grad forward a batch, no backward through the model)")
     p.add_argument("--attn-keys", type=int, default=d.attn_keys,
                    help="--objective attention: the most attended distant keys per query that make the target")
+    p.add_argument("--attn-loss", choices=ATTN_LOSSES, default=d.attn_loss,
+                   help="--objective attention: ce (cross-entropy to the routing's affinity) or mass (the expected "
+                        "kept mass under window-balanced soft groups: groups must get better, not bigger)")
     p.add_argument("--targets-cache", default=None,
                    help="--objective attention: a folder keeping each window's targets (the frozen model's attention "
                         "never changes), so later runs on the same windows skip the capture forwards")

@@ -33,6 +33,7 @@ from ..kernels import recall as R
 from ..kernels.common import topk_membership
 
 OBJECTIVES = ("lm", "attention")
+ATTN_LOSSES = ("ce", "mass")  # the attention objective's per-router loss (router_attention_loss, router_mass_loss)
 EPS = 1e-9
 
 
@@ -133,6 +134,32 @@ def top1_budget(groups: torch.Tensor, window: int, sink: int, global_keys: torch
     return float((same[:, ok] / n[ok]).mean())
 
 
+def router_mass_loss(logits: torch.Tensor, tg: LayerTargets, *, iters: int,
+                     global_keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Minus the expected share of the targets' distant mass a query keeps, ``sum_j w_ij g_i . g_j`` (``w``
+    renormalised over the query's targets, queries weighted by their distant mass), under soft groups *balanced on
+    the window*: ``softmax(logits + b)`` with ``b`` the window's Sinkhorn potentials (no gradient through them).
+
+    Why (``retrofit --attn-loss mass``): the cross-entropy of :func:`router_attention_loss` costs ``log(1/eps)`` for
+    every target key outside the query's group and only the log of a group's size for keeping more, so it buys mass
+    with budget (measured: routers continued on it kept more keys per query at the same mass once capped,
+    docs/DECISIONS.md). Here every assignment is balanced, so the only way to keep more is to group better. Global
+    keys (kept anyway) are left out, as in the cross-entropy."""
+    from ..focus.sinkhorn import sinkhorn_potentials
+
+    g = torch.softmax(logits + sinkhorn_potentials(logits.detach(), iters)[:, None, :], dim=-1)
+    idx = tg.idx.to(g.device).long()
+    valid = idx >= 0
+    rows = torch.arange(g.shape[0], device=g.device)[:, None, None]
+    if global_keys is not None:
+        valid = valid & ~global_keys[rows, idx.clamp_min(0)]
+    w = tg.weight.to(g.device) * valid
+    w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
+    kept = (w_norm * (g[:, :, None, :] * g[rows, idx.clamp_min(0)]).sum(-1)).sum(-1)
+    mass = tg.mass.to(g.device) * valid.any(-1)
+    return -(mass * kept).sum() / mass.sum().clamp_min(EPS)
+
+
 def global_key_loss(logits: torch.Tensor, tg: LayerTargets, rate: float) -> torch.Tensor:
     """Binary cross-entropy of the global-key scorer's ``logits`` [B, T] against "attraction in the top ``rate``
     share of this window's labelled keys"."""
@@ -190,10 +217,12 @@ class AttentionObjective:
     not change), then every router's loss on its own layer, mean over layers, plus the balance loss."""
 
     def __init__(self, model, *, top_m: int = 64, balance_loss: float = 0.0, memo: bool = False,
-                 cache_dir: str | Path | None = None):
+                 cache_dir: str | Path | None = None, loss: str = "ce"):
         from ..hf import focus_config, routers
 
-        self.model, self.top_m, self.balance_loss = model, top_m, balance_loss
+        if loss not in ATTN_LOSSES:
+            raise ValueError(f"loss={loss!r}: allowed {', '.join(ATTN_LOSSES)}")
+        self.model, self.top_m, self.balance_loss, self.loss = model, top_m, balance_loss, loss
         self.routers, self.cfg = routers(model), focus_config(model)
         self.memo: dict[str, list[LayerTargets]] | None = {} if memo else None
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
@@ -223,10 +252,13 @@ class AttentionObjective:
         return tg
 
     def _layer(self, r, tg: LayerTargets):
-        routing = r(tg.h.to(device=next(r.parameters()).device, dtype=torch.float32))
+        h = tg.h.to(device=next(r.parameters()).device, dtype=torch.float32)
+        routing = r(h)
         loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
                                         global_keys=routing.global_keys, query_groups=routing.query_groups,
                                         key_top_k=self.cfg.served_key_top_k or 1)
+        if self.loss == "mass":
+            loss = router_mass_loss(r.scores(h), tg, iters=self.cfg.sinkhorn_iters, global_keys=routing.global_keys)
         return routing, loss, k
 
     @torch.no_grad()

@@ -35,7 +35,7 @@ from ..hf.lora import add_lora, load_lora_state, lora_parameters, lora_state, sa
 from . import dist
 from .checkpoint import load_checkpoint
 from .loop import TrainConfig, adamw, train_loop
-from .objectives import OBJECTIVES, AttentionObjective
+from .objectives import ATTN_LOSSES, OBJECTIVES, AttentionObjective
 
 log = logging.getLogger("focusattn")
 
@@ -69,6 +69,8 @@ class RetrofitConfig(TrainConfig):
     repeat_prob: float = 0.0  # share of training windows whose second half repeats the first (see repeat_halves)
     objective: str = "lm"  # "lm" (LM loss, with distill) or "attention" (each router against its layer's attention)
     attn_keys: int = 64  # objective "attention": the M most attended distant keys per query that make the target
+    attn_loss: str = "ce"  # objective "attention": "ce" (cross-entropy to the routing's affinity) or "mass" (the
+    # expected kept mass under window-balanced soft groups; objectives.router_mass_loss)
     eval_every: int = 0  # focus: every N steps, held-out top-1 perplexity (and kept mass) in metrics.jsonl; 0 = off
     pool: int = 0  # train on this many fixed windows, reused (targets computed once each); 0 = fresh windows
     targets_cache: str | None = None  # objective "attention": a folder keeping each window's targets for other runs
@@ -114,6 +116,13 @@ class RetrofitConfig(TrainConfig):
         if self.method == "lazy" and not (self.lazy.train_tau or self.lazy.use_bias):
             raise InputError("method", self.method, "nothing to train: the thresholds are frozen and there is no "
                              "distance table (train tau, add the table, or use --method lazy+lora)")
+        if self.attn_loss not in ATTN_LOSSES:
+            raise InputError("attn_loss", self.attn_loss, f"allowed {', '.join(ATTN_LOSSES)} ({c}.attn_loss)")
+        if self.attn_loss != "ce" and self.objective != "attention":
+            raise InputError("attn_loss", self.attn_loss, f"allowed only with objective 'attention' ({c}.attn_loss)")
+        if self.attn_loss == "mass" and self.focus.query_proj:
+            raise InputError("attn_loss", self.attn_loss, f"allowed 'ce' with focus.query_proj=True (the mass loss "
+                             f"scores one symmetric routing) ({c}.attn_loss)")
         if self.objective == "attention" and self.distill:
             raise InputError("distill", self.distill, "allowed only with objective 'lm' (the attention objective "
                              "has no output-level term; continue with --init-adapter for one)")
@@ -268,7 +277,7 @@ def retrofit(cfg: RetrofitConfig, *, progress: bool = True, command: str | None 
 
     attention = None if lora or lazy or cfg.objective != "attention" else \
         AttentionObjective(model, top_m=cfg.attn_keys, balance_loss=cfg.balance_loss, memo=cfg.pool > 0,
-                           cache_dir=cfg.targets_cache)
+                           cache_dir=cfg.targets_cache, loss=cfg.attn_loss)
 
     def loss_of(x: torch.Tensor):
         if attention is not None:
