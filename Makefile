@@ -437,30 +437,40 @@ routing-qproj: $(STAMP) python-docs
 	$(PY) scripts/partition_oracle.py --targets $(ROUTE)/targets --windows 3 --out docs/results/partition_oracle.json
 	$(MAKE) results
 
-# Issue 22: a richer router input (FocusConfig.router_hidden: an MLP of width 64 beside the linear projection, its
-# output weight at zero so step 0 serves g2's groups), continued from the shipped g2 routers with the same dense heads,
-# cap, warm rebalancing, registers and objective; beside it the control (the linear g2 routers continued by the same
-# recipe), the MLP with a 10x balance loss, and the MLP on twice the windows for longer. Held-out curves; long-eval at
-# 2048 of the first MLP (top-1 with the oracle at its budget, recall); then every router's served top-1 mask, capped
-# and uncapped, by attention recall on three registers, two never trained on (scripts/router_recall.py). ~1.2 h on 2
-# cores (the targets of 48 windows, ~15 s each, kept in $(ROUTE)/targets). DECISIONS: not shipped.
+# Issue 22: a richer router input and an objective measured at a fixed budget, continued from the shipped g2 routers
+# with the same dense heads, cap, warm rebalancing, registers and windows. The MLP router (FocusConfig.router_hidden,
+# width 64, output weight at zero so step 0 serves g2's groups) beside a linear control on the cross-entropy, with a
+# 10x balance loss, and on 48 windows for 800 steps; then the expected kept mass under window-balanced groups
+# (--attn-loss mass), linear and MLP, and linear on 48 windows. Held-out curves; long-eval at 2048 (top-1 with the
+# oracle at its budget, recall) of the first MLP and the mass routers, and at 4096/8192 of the longer mass run; then
+# every router's served top-1 mask, capped and uncapped, by attention recall on three registers, two never trained
+# on (scripts/router_recall.py).
+# ~2.5 h on 2 cores (the targets of 48 windows, ~15 s each, kept in $(ROUTE)/targets). DECISIONS: not shipped.
 ROUTE_MLP := --objective attention --data shakespeare+python-docs --seq-len 2048 --attn-keys 64 \
 	--global-rate 0.02 --eval-windows 1 --ood-eval-windows 1 --eval-top-k 1 --rebalance 256 --rebalance-warm \
 	--capacity 1.5 --threads 1 --init-adapter smollm2-135m-focus-g2 --dense-heads induction:6+duplicate:4 \
 	--targets-cache $(ROUTE)/targets
 ROUTE_MLP24 := $(ROUTE_MLP) --pool 24 --steps 300 --warmup 10 --lr 1e-3 --eval-every 100 --checkpoint-every 100
+ROUTE_MLP48 := $(ROUTE_MLP) --pool 48 --steps 800 --warmup 20 --lr 2e-3 --eval-every 200 --checkpoint-every 200
+ROUTE_RUNS := g2c24 g2m24 g2m24b g2m48 g2s24 g2ms24 g2s48
 routing-mlp: $(STAMP) python-docs
 	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP24) --balance-loss 0.1 --out $(ROUTE)/g2c24
 	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP24) --balance-loss 0.1 --router-hidden 64 --out $(ROUTE)/g2m24
 	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP24) --balance-loss 1.0 --router-hidden 64 --out $(ROUTE)/g2m24b
-	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP) --balance-loss 0.1 --pool 48 --steps 800 --warmup 20 --lr 2e-3 \
-		--eval-every 200 --checkpoint-every 200 --router-hidden 64 --out $(ROUTE)/g2m48
-	for r in g2c24 g2m24 g2m24b g2m48; do cp $(ROUTE)/$$r/summary.json docs/results/retrofit_long_attention_$$r.json; \
+	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP48) --balance-loss 0.1 --router-hidden 64 --out $(ROUTE)/g2m48
+	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP24) --balance-loss 0.1 --attn-loss mass --out $(ROUTE)/g2s24
+	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP24) --balance-loss 0.1 --attn-loss mass --router-hidden 64 \
+		--out $(ROUTE)/g2ms24
+	$(VENV)/bin/focusattn retrofit $(ROUTE_MLP48) --balance-loss 0.1 --attn-loss mass --out $(ROUTE)/g2s48
+	for r in $(ROUTE_RUNS); do cp $(ROUTE)/$$r/summary.json docs/results/retrofit_long_attention_$$r.json; \
 		cp $(ROUTE)/$$r/metrics.jsonl docs/results/retrofit_long_attention_$$r.metrics.jsonl; done
-	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2m24/adapter $(LE_FLAGS) --top-k 1 --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(ROUTE)/le_g2m24_2k
-	cp $(ROUTE)/le_g2m24_2k/long_eval.json docs/results/long_eval_attention_g2m24.json
-	$(PY) scripts/router_recall.py --adapters smollm2-135m-focus-g2 $(ROUTE)/g2c24/adapter $(ROUTE)/g2m24/adapter \
-		$(ROUTE)/g2m24b/adapter $(ROUTE)/g2m48/adapter --names g2 g2c24 g2m24 g2m24b g2m48 \
-		--corpora shakespeare lee-news python-code --windows 2 --out docs/results/router_recall.json
+	for r in g2m24 g2s24 g2s48; do $(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/$$r/adapter $(LE_FLAGS) --top-k 1 \
+		--baselines oracle --variants original,top1,oracle@top1 --out $(ROUTE)/le_$${r}_2k; \
+		cp $(ROUTE)/le_$${r}_2k/long_eval.json docs/results/long_eval_attention_$$r.json; done
+	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2s48/adapter $(LE_LONG) --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(ROUTE)/le_g2s48_long
+	cp $(ROUTE)/le_g2s48_long/long_eval.json docs/results/long_eval_attention_g2s48_long.json
+	$(PY) scripts/router_recall.py --adapters smollm2-135m-focus-g2 $(patsubst %,$(ROUTE)/%/adapter,$(ROUTE_RUNS)) \
+		--names g2 $(ROUTE_RUNS) --corpora shakespeare lee-news python-code --windows 2 \
+		--out docs/results/router_recall.json
 	$(MAKE) results
