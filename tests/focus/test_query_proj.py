@@ -175,20 +175,26 @@ def test_attention_loss_trains_both_projections_and_equals_the_symmetric_one_for
                                                       key_top_k=4)[1] == pytest.approx(1.0)
 
 
-def test_adapter_round_trips_and_refuses_symmetric_serving(tmp_path):
-    m = _model()
+def _round_trip(m, path):
+    """Save ``m``'s adapter to ``path``, load it into a fresh model, check it predicts the same; (meta, loaded)."""
     x = _ids(b=1)
     with torch.no_grad():
         want = m(x).logits
-    save_adapter(m, tmp_path / "a")
-    meta = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    save_adapter(m, path)
+    meta = json.loads((path / "adapter_config.json").read_text())
+    loaded = fa.load_adapter(tiny_model("llama"), path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, want)
+    return meta, loaded
+
+
+def test_adapter_round_trips_and_refuses_symmetric_serving(tmp_path):
+    m = _model()
+    meta, loaded = _round_trip(m, tmp_path / "a")
     assert meta["focus_config"]["query_proj"] and meta["trainable_parameters"] == 2 * (2 * 64 * 16 + 4 * 16)
-    loaded = fa.load_adapter(tiny_model("llama"), tmp_path / "a").eval()
     assert fa.hf.focus_config(loaded).query_proj
     for a, b in zip(routers(m), routers(loaded)):
         assert torch.equal(a.proj_q.weight, b.proj_q.weight) and torch.equal(a.q_offsets, b.q_offsets)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x).logits, want)
     symmetric = fa.compose(tiny_model("llama"), dataclasses.replace(CFG, query_proj=False))
     with pytest.raises(ValueError, match="query_proj=True .* query_proj=False") as e:
         fa.load_adapter(symmetric, tmp_path / "a")

@@ -3,7 +3,6 @@ untrained MLP serves the linear router's groups (so a linear adapter continues e
 exactly (prefill, decode steps, dense reference), the attention objective trains it, adapters round-trip it and
 refuse a model composed without it, and the command line knows it."""
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -12,14 +11,11 @@ import focusattn as fa
 from focusattn.focus.router import FocusRouter
 from focusattn.hf import last_routing, routers, save_adapter, update_config
 from focusattn.train.objectives import LayerTargets, router_attention_loss
-from tests.conftest import V, tiny_model
-from tests.focus.test_query_proj import _prefill_then_steps
+from tests.conftest import tiny_model
+from tests.focus import test_query_proj as qp
+from tests.focus.test_query_proj import _ids, _prefill_then_steps
 
 CFG = fa.FocusConfig(num_groups=4, window=3, top_k=1, router_hidden=8, rebalance=7, rebalance_warm=True)
-
-
-def _ids(b=2, t=40, seed=1):
-    return torch.randint(1, V, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
 def _perturb(rs, seed=0):
@@ -30,12 +26,10 @@ def _perturb(rs, seed=0):
 
 
 def _model(cfg=CFG, perturb=True):
-    m = fa.compose(tiny_model("llama"), cfg)
-    for r in routers(m):  # offsets learned (as after training), so evaluation is causal from the first token
-        r.offsets_ready.fill_(True)
+    m = qp._model(cfg, perturb=False)  # composed, offsets learned, evaluation mode
     if perturb:
         _perturb(routers(m))
-    return m.eval()
+    return m
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "8"])
@@ -94,17 +88,9 @@ def test_attention_objective_trains_the_mlp():
 
 
 def test_adapter_round_trips_and_refuses_a_model_without_the_mlp(tmp_path):
-    m = _model()
-    x = _ids(b=1)
-    with torch.no_grad():
-        want = m(x).logits
-    save_adapter(m, tmp_path / "a")
-    meta = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    meta, loaded = qp._round_trip(_model(), tmp_path / "a")
     assert meta["focus_config"]["router_hidden"] == 8
     assert meta["trainable_parameters"] == 2 * (64 * 16 + 4 * 16 + 64 * 8 + 8 + 8 * 16)
-    loaded = fa.load_adapter(tiny_model("llama"), tmp_path / "a").eval()
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(x).logits, want)
     linear = fa.compose(tiny_model("llama"), dataclasses.replace(CFG, router_hidden=0))
     with pytest.raises(ValueError, match="router_hidden=8 .* router_hidden=0") as e:
         fa.load_adapter(linear, tmp_path / "a")
