@@ -254,10 +254,12 @@ class AttentionObjective:
     def _layer(self, r, tg: LayerTargets):
         h = tg.h.to(device=next(r.parameters()).device, dtype=torch.float32)
         routing = r(h)
-        loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
-                                        global_keys=routing.global_keys, query_groups=routing.query_groups,
-                                        key_top_k=self.cfg.served_key_top_k or 1)
-        if self.loss == "mass":
+        mass = self.loss == "mass"
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not mass):  # the mass loss needs only its kept
+            loss, k = router_attention_loss(routing.groups, tg, window=self.cfg.window, sink=self.cfg.sink_tokens,
+                                            global_keys=routing.global_keys, query_groups=routing.query_groups,
+                                            key_top_k=self.cfg.served_key_top_k or 1)
+        if mass:  # the scores again, with their gradient (the routing keeps them detached)
             loss = router_mass_loss(r.scores(h), tg, iters=self.cfg.sinkhorn_iters, global_keys=routing.global_keys)
         return routing, loss, k
 
