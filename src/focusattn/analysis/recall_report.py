@@ -120,7 +120,7 @@ def render_router_recall(doc: dict) -> str:
     lines = [f"Command: `{doc['command']}`", "",
              f"T = {doc['length']}, {doc['windows']} validation windows per register; trained on "
              f"{doc.get('trained_on', '?')}; adapters: " + "; ".join(f"`{k}` = `{v}`" for k, v in doc["adapters"].items())
-             + ". Cells: distant attention dropped (distant keys kept per query, mean over queries and heads).", "",
+             + ". Cells: distant attention dropped (distant keys kept per query).", "",
              "| mask | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
     for m in masks:
         lines.append(f"| {m} | " + " | ".join(
