@@ -35,10 +35,11 @@ class FocusConfig:
         ranking cannot express. ``W_q`` starts as a copy of ``W_g``, so an untrained one serves the symmetric groups.
     router_hidden: a small MLP beside the router's linear projection (not in the paper): a token's router features
         are ``W_g h + W_2 gelu(W_1 h + b_1)`` with ``W_1`` of ``router_hidden`` rows (and ``W_q h`` plus the same MLP
-        for the query role with ``query_proj``). Why: the partition oracle (scripts/partition_oracle.py) measured that
-        one symmetric partition into K groups keeps 59% of the distant attention the global keys leave where the
-        linear router keeps 36%: the router's input map, not the partition, is the limit. ``W_2`` starts at zero, so
-        an untrained MLP serves the linear router's groups (and a linear adapter continues exactly). 0 = linear.
+        for the query role with ``query_proj``). Why tried: a partition into K groups fitted on each window
+        (scripts/partition_oracle.py) keeps 59% of the distant attention the global keys leave where the linear router
+        keeps 36%. Measured: trained MLP routers, served with the cap, drop the same share as the linear one
+        (docs/DECISIONS.md). ``W_2`` starts at zero, so an untrained MLP serves the linear router's groups (and a
+        linear adapter continues exactly). 0 = linear.
     offset_momentum: EMA momentum of the causal per-group offsets.
     backend: kernel for hard top-k attention.
     sink_tokens: the first n real tokens stay visible to every query, like local pairs (attention sinks; not in the

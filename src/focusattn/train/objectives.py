@@ -134,6 +134,23 @@ def top1_budget(groups: torch.Tensor, window: int, sink: int, global_keys: torch
     return float((same[:, ok] / n[ok]).mean())
 
 
+def _group_targets(tg: LayerTargets, device, global_keys: torch.Tensor | None = None):
+    """What both group losses read of the targets: ``(rows [B, 1, 1], idx [B, T, M] with -1 clamped to 0, targeted
+    (the real entries), is_global (targeted keys that are global keys, or None), w_norm (the weights over the
+    query's targets that are not global, renormalised), mass (the query's distant mass, 0 without such targets))``."""
+    raw = tg.idx.to(device).long()
+    targeted = raw >= 0
+    idx = raw.clamp_min(0)
+    rows = torch.arange(raw.shape[0], device=device)[:, None, None]
+    valid, is_global = targeted, None
+    if global_keys is not None:
+        is_global = global_keys[rows, idx] & targeted
+        valid = targeted & ~is_global
+    w = tg.weight.to(device) * valid
+    w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
+    return rows, idx, targeted, is_global, w_norm, tg.mass.to(device) * valid.any(-1)
+
+
 def router_mass_loss(logits: torch.Tensor, tg: LayerTargets, *, iters: int,
                      global_keys: torch.Tensor | None = None) -> torch.Tensor:
     """Minus the expected share of the targets' distant mass a query keeps, ``sum_j w_ij g_i . g_j`` (``w``
@@ -148,15 +165,8 @@ def router_mass_loss(logits: torch.Tensor, tg: LayerTargets, *, iters: int,
     from ..focus.sinkhorn import sinkhorn_potentials
 
     g = torch.softmax(logits + sinkhorn_potentials(logits.detach(), iters)[:, None, :], dim=-1)
-    idx = tg.idx.to(g.device).long()
-    valid = idx >= 0
-    rows = torch.arange(g.shape[0], device=g.device)[:, None, None]
-    if global_keys is not None:
-        valid = valid & ~global_keys[rows, idx.clamp_min(0)]
-    w = tg.weight.to(g.device) * valid
-    w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
-    kept = (w_norm * (g[:, :, None, :] * g[rows, idx.clamp_min(0)]).sum(-1)).sum(-1)
-    mass = tg.mass.to(g.device) * valid.any(-1)
+    rows, idx, _, _, w_norm, mass = _group_targets(tg, g.device, global_keys)
+    kept = (w_norm * (g[:, :, None, :] * g[rows, idx]).sum(-1)).sum(-1)
     return -(mass * kept).sum() / mass.sum().clamp_min(EPS)
 
 
@@ -181,30 +191,20 @@ def router_attention_loss(groups: torch.Tensor, tg: LayerTargets, *, window: int
     keys kept anyway, left out of the group loss. ``query_groups`` [B, T, K]: the queries' own soft groups
     (``FocusConfig.query_proj``; ``groups`` are then the keys'), and ``kept`` counts a key that holds the query's
     top group among its ``key_top_k``; None = symmetric."""
-    idx = tg.idx.to(groups.device).long()
-    valid = idx >= 0
-    is_global = None
-    if global_keys is not None:
-        is_global = global_keys[torch.arange(idx.shape[0], device=idx.device)[:, None, None], idx.clamp_min(0)] \
-            & valid
-        valid = valid & ~is_global
-    rows = torch.arange(groups.shape[0], device=groups.device)[:, None, None]
-    gj = groups[rows, idx.clamp_min(0)]  # [B, T, M, K]; its backward scatters into [B, T, K], nothing T x T
+    rows, idx, targeted, is_global, w_norm, mass = _group_targets(tg, groups.device, global_keys)
+    gj = groups[rows, idx]  # [B, T, M, K]; its backward scatters into [B, T, K], nothing T x T
     gq = groups if query_groups is None else query_groups
     aff = (gq[:, :, None, :] * gj).sum(-1)
-    w = tg.weight.to(groups.device) * valid
-    w_norm = w / w.sum(-1, keepdim=True).clamp_min(EPS)
     denom = (gq * distant_sums(groups, window, sink)).sum(-1)
     ce = -(w_norm * torch.log(aff + EPS)).sum(-1) + torch.log(denom + EPS)
-    mass = tg.mass.to(groups.device) * valid.any(-1)
     loss = (mass * ce).sum() / mass.sum().clamp_min(EPS)
     with torch.no_grad():
         if query_groups is None:
             top = groups.argmax(-1)
-            same = top[rows, idx.clamp_min(0)] == top[..., None]
+            same = top[rows, idx] == top[..., None]
         else:  # key j holds query i's group
-            same = topk_membership(groups, key_top_k)[rows, idx.clamp_min(0), query_groups.argmax(-1)[..., None]]
-        w_all = tg.weight.to(groups.device) * (idx >= 0)
+            same = topk_membership(groups, key_top_k)[rows, idx, query_groups.argmax(-1)[..., None]]
+        w_all = tg.weight.to(groups.device) * targeted
         if is_global is not None:
             same = same | is_global
         kept = float((w_all * same).sum() / w_all.sum().clamp_min(EPS))
