@@ -97,6 +97,63 @@ def test_prefill_plus_decode_steps_equal_one_prefill(rebalance, warm, rate, monk
     torch.testing.assert_close(torch.cat(logits, 1)[0, 4:], full[0, 4:], atol=1e-4, rtol=1e-4)
 
 
+@settings(max_examples=40, deadline=None)
+@given(t=st.integers(2, 60), k=st.integers(2, 6), top_k=st.integers(1, 2), cap=st.sampled_from([0.0, 1.0, 1.5, 3.0]),
+       block=st.integers(1, 9), ties=st.booleans(), seed=st.integers(0, 99))
+def test_one_token_steps_on_the_host_equal_the_tensor_path(t, k, top_k, cap, block, ties, seed):
+    """The decode steps of one sequence decided on the host (:func:`one_token_membership`) continue a prefill's
+    memberships and counts exactly like the tensor path, ties (underflowed probabilities) and block starts
+    included, and hand their counts back to it."""
+    top_k = min(top_k, k - 1)
+    cap = cap and max(cap, k / (k - top_k + 1))
+    cfg = FocusConfig(num_groups=k, top_k=top_k, capacity=cap)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, t, k, generator=g) * (60.0 if ties else 1.0) + torch.tensor([3.0] + [0.0] * (k - 1))
+    groups = torch.softmax(logits, -1)  # x 60: most probabilities underflow to 0, so top-2 ties often
+    start = max(1, t // 3)
+    host = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(R, "CAPACITY_BLOCK", block)
+        whole, _ = R.served_memberships(groups, cfg)
+        memo: dict = {}
+        rows = [R.served_memberships(groups[:, :start], cfg, memo=memo)[0]]
+        for i in range(start, t):
+            mem = R.one_token_membership(groups[:, i:i + 1], cfg, start=i, memo=memo)
+            host += mem is not None
+            if mem is None:
+                mem = R.served_memberships(groups[:, i:i + 1], cfg, start=i, memo=memo)[0]
+            rows.append(mem)
+    assert torch.equal(torch.cat(rows, 1), whole)
+    if not cap and not ties and top_k == 1:
+        assert host == t - start  # nothing to send to the tensor path
+
+
+def test_one_token_steps_of_a_served_model_take_the_host_path(monkeypatch):
+    """One sequence's decode steps with the cap, online rebalancing and global keys: most steps decided on the
+    host, and the logits and memberships those of one prefill."""
+    monkeypatch.setattr(R, "CAPACITY_BLOCK", 5)
+    m = tiny_model("llama")
+    fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, capacity=1.2, rebalance=7, rebalance_warm=True,
+                                 global_rate=0.2)).eval()
+    calls = []
+    real = R.one_token_membership
+    monkeypatch.setattr(R, "one_token_membership", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+    x = torch.randint(1, V, (1, 40))
+    with torch.no_grad():
+        full = m(x).logits
+        whole = [r.membership.clone() for r in last_routing(m)]
+        out = m(x[:, :17], use_cache=True)
+        cache, logits = output_cache(out), [out.logits]
+        for i in range(17, 40):
+            out = m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True)
+            cache = output_cache(out)
+            logits.append(out.logits)
+    for layer, r in enumerate(last_routing(m)):
+        assert torch.equal(r.membership, whole[layer])
+    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-4, rtol=1e-4)
+    assert sum(c is not None for c in calls) > len(calls) / 2
+
+
 def test_a_step_without_the_earlier_counts_is_an_error():
     cfg = FocusConfig(num_groups=4, top_k=1, capacity=1.5)
     r = R.FocusRouter(16, cfg).eval()

@@ -56,6 +56,28 @@ def test_split_heads_equal_the_references_head_by_head(backend, tq, dense_kv):
         assert_close(a, b, atol=1e-4, name=f"d{n}")
 
 
+@pytest.mark.parametrize("dense_kv", [(1,), (0, 2)])
+def test_a_decode_step_at_inference_calls_the_fused_op_for_its_dense_heads(dense_kv, monkeypatch):
+    """One new query without padding or gradient: the dense heads' rows come from the fused op directly (not
+    through routing, validation and dispatch), equal to causal attention; the routed heads to the reference."""
+    import sys
+
+    A = sys.modules[attend.__module__]  # the module (the package re-exports the function under its name)
+    calls = []
+    real = A.fused_fwd
+    monkeypatch.setattr(A, "fused_fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, member = focus_case(0, 2, 6, 3, 1, 24, 4, 1)
+    cfg = fa.FocusConfig(num_groups=4, window=3, top_k=1, sink_tokens=1)
+    with torch.no_grad():
+        out = attend(q, k, v, Routing(groups=member.float(), membership=member), cfg, dense_kv=dense_kv)
+    causal = dense_focus_attention(q, k, v, member, 24)
+    want = dense_focus_attention(q, k, v, member, 3, sink=1)
+    qh = [2 * h + j for h in dense_kv for j in range(2)]
+    want[:, qh] = causal[:, qh]
+    assert_close(out, want, atol=1e-5, name="decode step")
+    assert len(calls) == len(dense_kv)  # one call per run of adjacent dense heads (here: each head its own run)
+
+
 def test_every_head_dense_is_the_original_model():
     for arch in ("llama", "gemma2"):  # gemma2: logit softcapping and an interleaved sliding window
         base = tiny_model(arch)

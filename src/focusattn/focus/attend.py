@@ -6,7 +6,9 @@ import dataclasses
 import torch
 
 from ..kernels.api import focus_attention
-from ..kernels.common import sink_key_mask
+from ..kernels.common import default_scale, sink_key_mask
+from ..kernels.decomposed.fused import fused_fwd
+from ..kernels.dispatch import _fused_ok
 from ..kernels.soft import soft_focus_attention
 from .config import FocusConfig
 from .router import Routing
@@ -81,8 +83,16 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
     hkv, g = k.shape[1], q.shape[1] // k.shape[1]
     full = dataclasses.replace(cfg, window=max(cfg.window, k.shape[2]))
     heads = sorted(set(dense_kv))
+    # one new query of one plain causal call at inference: a dense head sees every cached key, which is the
+    # `causal` branch's own fused call, made here without the routing, validation and dispatch around it
+    step = q.shape[2] == 1 and allowed is None and kw.get("key_padding_mask") is None and _fused_ok(
+        q, kw.get("softcap")) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                    or v.requires_grad))
 
     def call(qh, kv, c):
+        if step and c is full:
+            return fused_fwd(q[:, qh], k[:, kv], v[:, kv], None, default_scale(q.shape[-1], kw.get("scale")),
+                             causal=False)[0]
         a = allowed if allowed is None or allowed.shape[1] == 1 else allowed[:, qh]
         return attend(q[:, qh], k[:, kv], v[:, kv], routing, c, allowed=a, **kw)
 

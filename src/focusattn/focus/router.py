@@ -71,6 +71,9 @@ def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: tor
     if start > 0 and (state is None or state["n"] != start):
         raise ValueError(f"capacity needs the group counts of the {start} earlier tokens: start generation with a "
                          "full prefill after setting capacity")
+    if state is not None and "run_host" in state:  # the host steps' counts (one_token_membership)
+        state = {key: v for key, v in state.items() if key != "run_host"} | {
+            "run": torch.tensor([state["run_host"]], dtype=torch.long, device=groups.device)}
     if state is None:
         state = {"n": 0, "s": 0, "run": torch.zeros(b, k, dtype=torch.long, device=groups.device),
                  "full": torch.zeros(b, k, dtype=torch.bool, device=groups.device)}
@@ -81,7 +84,7 @@ def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: tor
         full = state["full"]
         if s != state["s"]:  # a new block: its cap counts exactly the tokens before s (routed, no gap)
             full = run > cfg.capacity * run.sum(-1, keepdim=True) / k
-            state = {**state, "s": s, "full": full}
+            state = {key: v for key, v in state.items() if key != "full_host"} | {"s": s, "full": full}
         end = min(s + CAPACITY_BLOCK, start + t)
         g = groups[:, pos - start:end - start]
         g = g.masked_fill(full[:, None, :], -1.0)  # below any probability (no host sync on a GPU)
@@ -97,6 +100,54 @@ def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: tor
     if len(mems) == 1:
         return mems[0], qmems[0]
     return torch.cat(mems, 1), None if qmems[0] is None else torch.cat(qmems, 1)
+
+
+_ROWS: dict = {}  # (K, groups, device) -> a read-only bool membership row [1, 1, K] (never written in place)
+
+
+def _row(k: int, gs: tuple, device) -> torch.Tensor:
+    key = (k, gs, device)
+    row = _ROWS.get(key)
+    if row is None:
+        row = torch.zeros(1, 1, k, dtype=torch.bool, device=device)
+        row[0, 0, list(gs)] = True
+        row = _ROWS[key] = row
+    return row
+
+
+@torch.no_grad()
+def one_token_membership(groups: torch.Tensor, cfg: FocusConfig, *, start: int, memo: dict) -> torch.Tensor | None:
+    """:func:`served_memberships` of one sequence's one new token (symmetric top-k), decided on the host: one
+    conversion of its K probabilities, the cap's counts kept as Python ints in ``memo["capacity"]``, the row a
+    cached constant. A decode step at inference pays a few microseconds here instead of the general path's ~10
+    tensor ops. None where the tensor path must decide: a tie at the top-k boundary (its tie-break is the
+    tensor op's), a new capacity block (the cap is re-evaluated there), or a state it does not hold."""
+    k = cfg.num_groups
+    kk = cfg.served_key_top_k
+    state = None
+    if cfg.capacity:
+        state = memo.get("capacity")
+        if state is None or state["n"] != start or start // CAPACITY_BLOCK * CAPACITY_BLOCK != state["s"]:
+            return None
+        full = state.get("full_host")
+        if full is None:
+            full = state["full_host"] = state["full"][0].tolist()
+    p = groups[0, 0].tolist()
+    if state is not None:
+        p = [-1.0 if f else x for x, f in zip(p, full)]
+    order = sorted(range(k), key=p.__getitem__, reverse=True)
+    if kk < k and p[order[kk - 1]] == p[order[kk]]:
+        return None
+    gs = tuple(sorted(order[:kk]))
+    if state is not None:
+        run = state.get("run_host")
+        if run is None:
+            run = state["run"][0].tolist()
+        run = list(run)
+        for g in gs:
+            run[g] += 1
+        memo["capacity"] = {key: v for key, v in state.items() if key != "run"} | {"n": start + 1, "run_host": run}
+    return _row(k, gs, groups.device)
 
 
 @torch.no_grad()
@@ -377,7 +428,11 @@ class FocusRouter(nn.Module):
         if asym:
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
-        membership, qmem = served_memberships(groups, cfg, qgroups, start=start, memo=memo)
+        membership = None
+        if not asym and not cfg.roles and h.shape[0] == 1 and h.shape[1] == 1:
+            membership, qmem = one_token_membership(groups, cfg, start=start, memo=memo), None
+        if membership is None:
+            membership, qmem = served_memberships(groups, cfg, qgroups, start=start, memo=memo)
         glob = None
         if self.globals is not None:  # forward's rule at evaluation: above the learned threshold
             w = self.globals.weight

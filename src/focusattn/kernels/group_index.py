@@ -39,6 +39,7 @@ class _Host:
     recent: collections.deque
     first: list
     lists: list | None = None
+    every: list | None = None  # the groups of every position, built by the first step with ``extra`` keys
 
 
 def _groups_of(rows: list) -> list[tuple[int, ...]]:
@@ -158,6 +159,8 @@ class GroupIndex:
             h = self._host
             h.first.extend(rows[:max(0, _FIRST - len(h.first))])
             h.recent.extend(rows)
+            if h.every is not None:
+                h.every.extend(rows)
             self._advance()
         return self
 
@@ -294,10 +297,11 @@ class GroupIndex:
             parts.insert(0, self._arange[:len(sinks)] if sinks[-1] == len(sinks) - 1 else
                          torch.tensor(sinks, dtype=torch.int32, device=self.device))
         if extra is not None and extra.numel():  # keep those before the window, not first sinks, in no query group
-            far = extra[(extra < h.far_len) & (extra >= min(sink, h.far_len))]
-            if far.numel():
-                far = far[~self._memb[0, far.long()][:, list(qg)].any(-1)]
-            if far.numel():
-                parts.insert(0, far)
+            if h.every is None:
+                h.every = _groups_of(self.membership[0].tolist())
+            lo, qs, every = min(sink, h.far_len), set(qg), h.every
+            far = [j for j in extra.tolist() if lo <= j < h.far_len and qs.isdisjoint(every[j])]
+            if far:
+                parts.insert(0, torch.tensor(far, dtype=torch.int32, device=self.device))
         parts.append(self._arange[h.far_len:self._len])
         return torch.cat(parts) if len(parts) > 1 else parts[0]
