@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation python-docs
 
 setup: $(STAMP)
 
@@ -473,4 +473,14 @@ routing-mlp: $(STAMP) python-docs
 	$(PY) scripts/router_recall.py --adapters smollm2-135m-focus-g2 $(patsubst %,$(ROUTE)/%/adapter,$(ROUTE_RUNS)) \
 		--names g2 $(ROUTE_RUNS) --corpora shakespeare lee-news python-code --windows 2 \
 		--out docs/results/router_recall.json
+	$(MAKE) results
+
+# Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and
+# an MLP classifier of the layer input trained on the fitted groups of 40 cached target windows, served as routers
+# on 9 others (~45 and ~25 min on one core each; needs the 49 windows `make routing-mlp` cached).
+routing-imitation: $(STAMP)
+	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 \
+		--out docs/results/partition_imitation.json
+	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --hidden 64 --steps 400 \
+		--layers 0,3,6,9,12,15,18,21,24,27 --out docs/results/partition_imitation_mlp.json
 	$(MAKE) results

@@ -47,6 +47,24 @@ def test_render_partition_oracle_lists_each_layer_and_the_mean():
     assert "scripts/partition_oracle.py" in text and "2 cached target windows" in text
 
 
+def test_render_partition_imitation_lists_each_layer_held_out_and_training():
+    from focusattn.analysis.recall_report import render_partition_imitation
+
+    r = {}
+    for split in ("train", "eval"):
+        for i, n in enumerate(("router", "router_capped", "imitator", "imitator_served", "imitator_served_capped",
+                               "fitted")):
+            r[f"{split}_{n}"], r[f"{split}_{n}_budget"] = 0.1 * (i + 1), 0.2
+        r[f"{split}_router_agreement"], r[f"{split}_imitator_agreement"] = 0.3, 0.5 if split == "train" else 0.25
+    doc = {"command": "python scripts/partition_imitation.py --out x", "train_windows": ["a", "b"],
+           "eval_windows": ["c"], "groups": 8, "capacity": 1.5, "hidden": 0, "what": "mass kept", "mean": r,
+           "layers": [{"layer": 3, **r}]}
+    text = render_partition_imitation(doc)
+    assert "| 3 | 10% (20%) | 20% (20%) | 40% (20%) | 50% (20%) | 60% (20%) | 40% (20%) | 50% / 25% |" in text
+    assert "| **mean** |" in text and "Imitator: linear; 2 training and 1 held-out" in text
+    assert "an MLP of width 64" in render_partition_imitation({**doc, "hidden": 64})
+
+
 def test_render_router_recall_has_a_row_per_mask_and_a_column_per_register():
     from focusattn.analysis.recall_report import render_router_recall
 

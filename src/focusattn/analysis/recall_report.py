@@ -110,6 +110,31 @@ def render_partition_oracle(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_partition_imitation(doc: dict) -> str:
+    """``scripts/partition_imitation.py``: a router trained to reproduce the partitions fitted on some windows, on
+    windows it never saw, beside the shipped router and the partition fitted on those windows with hindsight: the
+    share of the distant mass outside the global keys each keeps (its budget), per layer, and on the training
+    windows how well the imitator learned them."""
+    cols = (("router, uncapped", "eval_router"), ("router, capped (served)", "eval_router_capped"),
+            ("imitator, served uncapped", "eval_imitator_served"),
+            ("imitator, capped", "eval_imitator_served_capped"), ("fitted (hindsight)", "eval_fitted"))
+    head = ["layer"] + [f"{n} keeps (budget)" for n, _ in cols] + ["imitator on its training windows",
+                                                                    "agreement train / held-out"]
+    kind = f"an MLP of width {doc['hidden']}" if doc.get("hidden") else "linear"
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Imitator: {kind}; {len(doc['train_windows'])} training and {len(doc['eval_windows'])} held-out cached "
+             f"target windows, K = {doc['groups']}, fitted groups capped at {doc['capacity']:g}x the balanced share; "
+             f"{doc['what']}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(name, r):
+        return (f"| {name} | " + " | ".join(f"{100 * r[k]:.0f}% ({100 * r[k + '_budget']:.0f}%)" for _, k in cols)
+                + f" | {100 * r['train_imitator_served']:.0f}% ({100 * r['train_imitator_served_budget']:.0f}%) | "
+                f"{100 * r['train_imitator_agreement']:.0f}% / {100 * r['eval_imitator_agreement']:.0f}% |")
+
+    lines += [row(str(r["layer"]), r) for r in doc["layers"]] + [row("**mean**", doc["mean"])]
+    return "\n".join(lines)
+
+
 def render_router_recall(doc: dict) -> str:
     """``scripts/router_recall.py``: each adapter's served top-1 mask, with its cap and uncapped, by the share of the
     original's distant attention it drops and the keys per query it keeps, on each register (one pass per window,

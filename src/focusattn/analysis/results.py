@@ -13,8 +13,8 @@ from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
-from .recall_report import (recall_section, render_global_keys, render_partition_oracle, render_roles,
-                            render_router_recall)
+from .recall_report import (recall_section, render_global_keys, render_partition_imitation,
+                            render_partition_oracle, render_roles, render_router_recall)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
@@ -139,6 +139,10 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          render_roles, {}, []),
         ("partition_oracle.json", "### What one partition into K groups could keep (`scripts/partition_oracle.py`)",
          render_partition_oracle, {}, []),
+        ("partition_imitation.json", "### Can a router learn the fitted partitions? Linear imitator on held-out "
+         "windows (`scripts/partition_imitation.py`)", render_partition_imitation, {}, []),
+        ("partition_imitation_mlp.json", "### Can a router learn the fitted partitions? MLP imitator on held-out "
+         "windows (`scripts/partition_imitation.py --hidden 64`)", render_partition_imitation, {}, []),
         ("router_recall.json", "### Served top-1 masks of several routers, capped and uncapped, on three registers "
          "(`scripts/router_recall.py`)", render_router_recall, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
