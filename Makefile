@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation bench-short python-docs
 
 setup: $(STAMP)
 
@@ -73,6 +73,18 @@ bench-dispatch: $(STAMP)
 	$(VENV)/bin/focusattn bench-dispatch --out $(RUNS)/dispatch --routing-file $(ROUTING_FILE) --threads 1 --install
 	mkdir -p docs/results
 	cp $(RUNS)/dispatch/dispatch_bench.json docs/results/
+	$(MAKE) results
+
+# Issue 23's whole model at short and medium contexts, alternating with the original in one process: the k8 adapter
+# at top-1 and top-2 (~25 min on 1 core), then the shipped g2 at top-1 with its cap, global keys and dense heads
+# (~12 min). Run on a quiet machine.
+SHORT_G2 := --lengths 512 1024 2048 --decode-lengths 4096 8192 --top-k 1 --repeats 3 --decode-tokens 16 --threads 1
+bench-short: $(STAMP)
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 --lengths 64 128 256 512 1024 2048 \
+		--decode-lengths 4096 8192 --top-k 1 2 --repeats 5 --decode-tokens 16 --threads 1 --out $(RUNS)/bench-short8
+	cp $(RUNS)/bench-short8/model_bench.json docs/results/short_model_bench.json
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 $(SHORT_G2) --out $(RUNS)/bench-short-g2
+	cp $(RUNS)/bench-short-g2/model_bench.json docs/results/short_model_bench_g2.json
 	$(MAKE) results
 
 # The 64K point (K=8 top-1, prefill and decode; ~6 min on 1 core), separate for time.
@@ -480,7 +492,7 @@ routing-mlp: $(STAMP) python-docs
 # on 9 others (~45 and ~25 min on one core each; needs the 49 windows `make routing-mlp` cached).
 routing-imitation: $(STAMP)
 	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 \
-		--out docs/results/partition_imitation.json
+		--save-adapter $(ROUTE)/g2i/adapter --out docs/results/partition_imitation.json
 	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --hidden 64 --steps 400 \
 		--layers 0,3,6,9,12,15,18,21,24,27 --out docs/results/partition_imitation_mlp.json
 	$(MAKE) results

@@ -18,7 +18,7 @@ apart on the cached targets of ``retrofit --objective attention`` (``--targets-c
 The global keys are kept by every row (the router's global-key scorer), so every mass is a share of the rest.
 
     python scripts/partition_imitation.py --targets runs/routing/targets --train 40 --eval 9 \
-        --out docs/results/partition_imitation.json
+        --save-adapter runs/routing/g2i/adapter --out docs/results/partition_imitation.json
 """
 from __future__ import annotations
 
@@ -91,8 +91,12 @@ def main() -> None:
     ap.add_argument("--capacity", type=float, default=1.5, help="largest fitted group, times the balanced share")
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--layers", default="", help="comma-separated layers (default: all)")
+    ap.add_argument("--save-adapter", default=None, help="also write an adapter whose trained layers' routers are "
+                                                          "the imitators (the other layers keep --adapter's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.save_adapter and args.hidden:
+        raise SystemExit("--save-adapter: a linear imitator only (the adapter keeps its routers' shape)")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from safetensors import safe_open
@@ -111,7 +115,7 @@ def main() -> None:
     cfg, rs = focus_config(model), routers(model)
     k = cfg.num_groups
     layers = range(len(rs)) if not args.layers else [int(x) for x in args.layers.split(",")]
-    out_rows, t0 = [], time.time()
+    out_rows, t0, imitators = [], time.time(), {}
     for li in layers:
         r = rs[li]
         data = {}  # split -> list of (h, rows, cols, vals, labels, router groups uncapped/capped, t)
@@ -158,6 +162,7 @@ def main() -> None:
                 return net((h[0] - mu) / sd).argmax(-1).numpy()
 
         served = _as_router(net, mu, sd, r, cfg, args.hidden)
+        imitators[li] = served
 
         row = {"layer": li, "train_loss_start": losses[0], "train_loss": losses[-1]}
         for split, ds in data.items():
@@ -186,10 +191,14 @@ def main() -> None:
               f"({row['eval_imitator_served_capped_budget']:.3f}) fitted {row['eval_fitted']:.3f}; train imitator "
               f"{row['train_imitator']:.3f} agreement {row['train_imitator_agreement']:.2f} / "
               f"{row['eval_imitator_agreement']:.2f}; {time.time() - t0:.0f} s", flush=True)
+    if args.save_adapter:  # after every measurement: the routers above were the adapter's own until now
+        for li, served in imitators.items():
+            rs[li].load_state_dict(served.state_dict())
+        fa.save_adapter(model, args.save_adapter)
     keys = [kk for kk in out_rows[0] if kk != "layer"]
     mean = {kk: float(np.mean([r_[kk] for r_ in out_rows])) for kk in keys}
     doc = {"command": "python scripts/partition_imitation.py " + " ".join(
-               f"--{a.replace('_', '-')} {v}" for a, v in vars(args).items() if v != ""),
+               f"--{a.replace('_', '-')} {v}" for a, v in vars(args).items() if v not in ("", None)),
            "train_windows": [f.name for f in tr_files], "eval_windows": [f.name for f in ev_files],
            "groups": k, "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden,
            "what": "share of the targets' distant attention mass outside the router's global keys that each "
