@@ -38,3 +38,17 @@ def test_a_router_narrower_than_its_groups_cannot_hold_the_imitator():
     cfg = FocusConfig(num_groups=8, group_dim=4, top_k=1)
     with pytest.raises(SystemExit, match="group_dim 4 < num_groups 8"):
         pi._as_router(torch.nn.Linear(6, 8), torch.zeros(6), torch.ones(6), FocusRouter(6, cfg), cfg, 0)
+
+
+def test_select_layers_takes_the_donor_only_where_it_keeps_more_as_served_within_the_budget():
+    spec2 = importlib.util.spec_from_file_location("select_layers", _scripts / "select_layers.py")
+    sl = importlib.util.module_from_spec(spec2)
+    spec2.loader.exec_module(sl)
+
+    def row(layer, imit, imit_budget):
+        return {"layer": layer, "eval_router_capped": 0.3, "eval_router_capped_budget": 0.15,
+                "eval_imitator_served_capped": imit, "eval_imitator_served_capped_budget": imit_budget}
+
+    doc = {"layers": [row(0, 0.2, 0.15), row(1, 0.4, 0.14), row(2, 0.4, 0.2), row(3, 0.31, 0.157)]}
+    assert sl.chosen(doc, 1.05) == [1, 3]  # layer 0 keeps less, layer 2 buys its mass with budget
+    assert sl.chosen(doc, 1.5) == [1, 2, 3]

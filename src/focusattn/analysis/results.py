@@ -145,6 +145,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          "windows (`scripts/partition_imitation.py --hidden 64`)", render_partition_imitation, {}, []),
         ("router_recall.json", "### Served top-1 masks of several routers, capped and uncapped, on three registers "
          "(`scripts/router_recall.py`)", render_router_recall, {}, []),
+        ("router_recall_imitation.json", "### Served top-1 masks of the routers that imitate fitted partitions, on "
+         "three registers (`scripts/router_recall.py`)", render_router_recall, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
          "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
