@@ -489,10 +489,23 @@ routing-mlp: $(STAMP) python-docs
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and
 # an MLP classifier of the layer input trained on the fitted groups of 40 cached target windows, served as routers
-# on 9 others (~45 and ~25 min on one core each; needs the 49 windows `make routing-mlp` cached).
+# on 9 others (~45 and ~25 min on one core each; needs the 49 windows `make routing-mlp` cached); the linear one
+# saved as an adapter (g2i) and mixed with g2 by layer (g2is), both served on three registers and long-evaluated.
 routing-imitation: $(STAMP)
 	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 \
 		--save-adapter $(ROUTE)/g2i/adapter --out docs/results/partition_imitation.json
 	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --hidden 64 --steps 400 \
 		--layers 0,3,6,9,12,15,18,21,24,27 --out docs/results/partition_imitation_mlp.json
+	$(PY) scripts/select_layers.py --base smollm2-135m-focus-g2 --donor $(ROUTE)/g2i/adapter \
+		--measure docs/results/partition_imitation.json --out $(ROUTE)/g2is/adapter
+	$(PY) scripts/router_recall.py --adapters smollm2-135m-focus-g2 $(ROUTE)/g2s48/adapter $(ROUTE)/g2i/adapter \
+		$(ROUTE)/g2is/adapter --names g2 g2s48 g2i g2is --corpora shakespeare lee-news python-code --windows 2 \
+		--out docs/results/router_recall_imitation.json
+	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2i/adapter $(LE_FLAGS) --top-k 1 --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(ROUTE)/le_g2i_2k
+	cp $(ROUTE)/le_g2i_2k/long_eval.json docs/results/long_eval_attention_g2i.json
+	$(VENV)/bin/focusattn long-eval --adapter $(ROUTE)/g2i/adapter --lengths 4096 8192 --ppl-max-len 8192 \
+		--ppl-windows 1 --recall-windows 1 --passkey-per-depth 1 --repeat-n 1 --no-soft --top-k 1 --baselines oracle \
+		--variants original,top1 --threads 1 --out $(ROUTE)/le_g2i_long
+	cp $(ROUTE)/le_g2i_long/long_eval.json docs/results/long_eval_attention_g2i_long.json
 	$(MAKE) results

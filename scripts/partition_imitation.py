@@ -185,7 +185,8 @@ def main() -> None:
                 row[f"{split}_{n}_agreement"] = float(np.mean(acc[n]))
         out_rows.append(row)
         print(f"layer {li}: eval router {row['eval_router']:.3f} ({row['eval_router_budget']:.3f}) imitator "
-              f"{row['eval_imitator']:.3f} ({row['eval_imitator_budget']:.3f}) served {row['eval_imitator_served']:.3f} "
+              f"{row['eval_imitator']:.3f} ({row['eval_imitator_budget']:.3f}) served "
+              f"{row['eval_imitator_served']:.3f} "
               f"({row['eval_imitator_served_budget']:.3f}) capped {row['eval_router_capped']:.3f} "
               f"({row['eval_router_capped_budget']:.3f}) / {row['eval_imitator_served_capped']:.3f} "
               f"({row['eval_imitator_served_capped_budget']:.3f}) fitted {row['eval_fitted']:.3f}; train imitator "
@@ -203,9 +204,10 @@ def main() -> None:
            "groups": k, "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden,
            "what": "share of the targets' distant attention mass outside the router's global keys that each "
                    "routing's top-1 groups keep (*_budget: the mean share of a query's distant keys in its group): "
-                   "the router's (uncapped / capped as served), the imitator's (a copy of the router trained by "
-                   "cross-entropy on the partitions fitted on the train windows), and the partition fitted on the "
-                   "window itself (hindsight); agreement: the share of tokens whose top-1 group is the fitted one",
+                   "the router's (uncapped / capped as served), the imitator's (a classifier of the layer input "
+                   "trained by cross-entropy on the partitions fitted on the train windows, served as a router: uncapped with "
+                   "online rebalancing, and capped), and the partition fitted on the window itself (hindsight); "
+                   "agreement: the share of tokens whose top-1 group is the fitted one",
            "mean": mean, "layers": out_rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
