@@ -23,7 +23,6 @@ The global keys are kept by every row (the router's global-key scorer), so every
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from partition_oracle import _budget, _mass, _sparse, fit  # noqa: E402
+from partition_oracle import _budget, _mass, _sparse, fit, write_doc  # noqa: E402
 
 ROWS = ("router", "router_capped", "imitator", "imitator_served", "imitator_served_capped", "fitted")
 
@@ -196,25 +195,15 @@ def main() -> None:
         for li, served in imitators.items():
             rs[li].load_state_dict(served.state_dict())
         fa.save_adapter(model, args.save_adapter)
-    keys = [kk for kk in out_rows[0] if kk != "layer"]
-    mean = {kk: float(np.mean([r_[kk] for r_ in out_rows])) for kk in keys}
-    doc = {"command": "python scripts/partition_imitation.py " + " ".join(
-               f"--{a.replace('_', '-')} {v}" for a, v in vars(args).items() if v not in ("", None)),
-           "train_windows": [f.name for f in tr_files], "eval_windows": [f.name for f in ev_files],
-           "groups": k, "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden,
-           "what": "share of the targets' distant attention mass outside the router's global keys that each "
-                   "routing's top-1 groups keep (*_budget: the mean share of a query's distant keys in its group): "
-                   "the router's (uncapped / capped as served), the imitator's (a classifier of the layer input "
-                   "trained by cross-entropy on the partitions fitted on the train windows, served as a router: uncapped with "
-                   "online rebalancing, and capped), and the partition fitted on the window itself (hindsight); "
-                   "agreement: the share of tokens whose top-1 group is the fitted one",
-           "mean": mean, "layers": out_rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
-    print(json.dumps(mean, indent=1))
+    write_doc("partition_imitation", args, out_rows, {
+        "train_windows": [f.name for f in tr_files], "eval_windows": [f.name for f in ev_files], "groups": k,
+        "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden,
+        "what": "share of the targets' distant attention mass outside the router's global keys that each routing's "
+                "top-1 groups keep (*_budget: the mean share of a query's distant keys in its group): the router's "
+                "(uncapped / capped as served), the imitator's (a classifier of the layer input trained by "
+                "cross-entropy on the partitions fitted on the train windows, served as a router: uncapped with "
+                "online rebalancing, and capped), and the partition fitted on the window itself (hindsight); "
+                "agreement: the share of tokens whose top-1 group is the fitted one"})
 
 
 if __name__ == "__main__":

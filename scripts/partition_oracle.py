@@ -149,20 +149,24 @@ def main() -> None:
             "asymmetric_budget")
     per_layer = [{"layer": li, **{kk: float(np.mean([r[kk] for r in rows_])) for kk in keys}}
                  for li, rows_ in sorted(layers.items())]
-    mean = {kk: float(np.mean([r[kk] for r in per_layer])) for kk in keys}
-    doc = {"command": "python scripts/partition_oracle.py " + " ".join(
-               f"--{a.replace('_', '-')} {v}" for a, v in vars(args).items()),
-           "windows": [f.name for f in files], "groups": k, "capacity": args.capacity, "window": cfg.window,
-           "what": "share of the targets' distant attention mass (each query's 64 most attended distant keys, "
-                   "head mean over the routed heads) outside the router's global keys kept by the router's top-1 "
-                   "groups and by partitions fitted on the window itself; global_share: the mass the global keys "
-                   "hold; *_budget: mean share of a query's distant keys in its group",
-           "mean": mean, "layers": per_layer}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
+    write_doc("partition_oracle", args, per_layer, {
+        "windows": [f.name for f in files], "groups": k, "capacity": args.capacity, "window": cfg.window,
+        "what": "share of the targets' distant attention mass (each query's 64 most attended distant keys, head "
+                "mean over the routed heads) outside the router's global keys kept by the router's top-1 groups and "
+                "by partitions fitted on the window itself; global_share: the mass the global keys hold; *_budget: "
+                "mean share of a query's distant keys in its group"})
+
+
+def write_doc(script: str, args, layers: list[dict], fields: dict) -> None:
+    """Write ``args.out`` whole (the command that made it, ``fields``, the per-layer rows and their mean) and print
+    the mean."""
+    from focusattn._io import write_json
+
+    mean = {kk: float(np.mean([r[kk] for r in layers])) for kk in layers[0] if kk != "layer"}
+    command = f"python scripts/{script}.py " + " ".join(
+        f"--{a.replace('_', '-')} {v}" for a, v in vars(args).items() if v not in ("", None))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, {"command": command, **fields, "mean": mean, "layers": layers})
     print(json.dumps(mean, indent=1))
 
 
