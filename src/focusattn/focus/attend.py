@@ -81,7 +81,6 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
     every head and replaces the dense heads' rows by calls on *views*, one per run of adjacent dense heads: gathering
     heads would copy the KV cache every step (measured at 8192 cached tokens: 3x slower per layer)."""
     hkv, g = k.shape[1], q.shape[1] // k.shape[1]
-    full = dataclasses.replace(cfg, window=max(cfg.window, k.shape[2]))
     heads = sorted(set(dense_kv))
     # one new query of one plain causal call at inference: a dense head sees every cached key, which is the
     # `causal` branch's own fused call, made here without the routing, validation and dispatch around it
@@ -89,10 +88,11 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
         q, kw.get("softcap")) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                     or v.requires_grad))
 
-    def call(qh, kv, c):
-        if step and c is full:
+    def call(qh, kv, dense: bool):
+        if dense and step:
             return fused_fwd(q[:, qh], k[:, kv], v[:, kv], None, default_scale(q.shape[-1], kw.get("scale")),
                              causal=False)[0]
+        c = dataclasses.replace(cfg, window=max(cfg.window, k.shape[2])) if dense else cfg
         a = allowed if allowed is None or allowed.shape[1] == 1 else allowed[:, qh]
         return attend(q[:, qh], k[:, kv], v[:, kv], routing, c, allowed=a, **kw)
 
@@ -100,11 +100,11 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
         dense = torch.zeros(hkv, dtype=torch.bool)
         dense[heads] = True
         out = q.new_empty(q.shape[:3] + v.shape[-1:])
-        for part, c in ((dense, full), (~dense, cfg)):
+        for part, is_dense in ((dense, True), (~dense, False)):
             kv = part.nonzero().flatten()
             if kv.numel():
                 qh = (kv[:, None] * g + torch.arange(g)).flatten().to(q.device)
-                out[:, qh] = call(qh, kv.to(q.device), c)
+                out[:, qh] = call(qh, kv.to(q.device), is_dense)
         return out
     runs = []
     for h in heads:
@@ -114,6 +114,6 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
             runs.append([h, h + 1])
     routed, pieces, at = attend(q, k, v, routing, cfg, allowed=allowed, **kw), [], 0
     for h0, h1 in runs:
-        pieces += [routed[:, at:h0 * g], call(slice(h0 * g, h1 * g), slice(h0, h1), full)]
+        pieces += [routed[:, at:h0 * g], call(slice(h0 * g, h1 * g), slice(h0, h1), True)]
         at = h1 * g
     return torch.cat(pieces + [routed[:, at:]], 1)

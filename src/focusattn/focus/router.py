@@ -429,7 +429,7 @@ class FocusRouter(nn.Module):
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
         membership = None
-        if not asym and not cfg.roles and h.shape[0] == 1 and h.shape[1] == 1 and h.device.type == "cpu":
+        if not cfg.roles and h.shape[0] == 1 and h.shape[1] == 1 and h.device.type == "cpu":
             # on the host where the host is the device; on a GPU the conversion would be a sync per layer
             membership, qmem = one_token_membership(groups, cfg, start=start, memo=memo), None
         if membership is None:
