@@ -182,6 +182,13 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          lab_markdown, {}, ["lab.passkey.loss.png"]),
     ]
     for fname, title, render, kwargs, plots in sections:
+        if fname == "router_recall.json" and (d / "imitation_curve").is_dir():  # after the imitation sections
+            from .recall_report import render_imitation_curve
+
+            curve = [_load(p) for p in sorted((d / "imitation_curve").glob("*.json"))]
+            if curve:
+                parts += ["### Does the imitator learn more from more windows? (`scripts/partition_imitation.py "
+                          "--eval-from`)\n", render_imitation_curve(curve) + "\n"]
         p = d / fname
         if title:
             parts.append(title + "\n")
@@ -562,6 +569,22 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
         parts += [""] + [f"- {label}: `{run['command']}`" for label, run in p["runs"].items()] + [""]
     else:
         parts.append("_Not yet measured (`decode_profile.json` absent)._\n")
+    ab = d / "decode_ab.json"
+    if ab.exists():
+        parts += ["### A decode step with and without a change, alternating in one process (`scripts/decode_ab.py`)\n",
+                  "Median thread CPU ms of a decode step (one thread) after T cached tokens: the original model, the "
+                  "adapter without the change (`old`) and with it (`new`), step by step in turn from the same "
+                  "prompt, so other jobs on the machine slow all three alike; × = the original's time / this one's. "
+                  "`lean`: the one-token attention path (`focus.attend.attend_one_token`) off / on; `host-paths`: "
+                  "the host-side one-token routing of 67bebdf off / on.", "",
+                  "| change | adapter | T | original ms | old ms (×) | new ms (×) | same next token |",
+                  "|---|---|---|---|---|---|---|"]
+        rows = _load(ab)["rows"]
+        for r in rows:
+            ms = r["ms"]
+            parts.append(f"| {r['label']} | `{r['adapter']}` | {r['T']} | {ms['original']:.1f} | {ms['old']:.1f} "
+                         f"({r['old_x']:.2f}×) | {ms['new']:.1f} ({r['new_x']:.2f}×) | {r['same_next_token']} |")
+        parts += [""] + [f"- `{c}`" for c in dict.fromkeys(r["command"] for r in rows)] + [""]
     we = d / "wallclock_eval_offline.json"
     parts.append("### Wall-clock of `focusattn eval --tasks offline --limit 20` per mode\n")
     if we.exists():

@@ -95,6 +95,7 @@ class RoutingCache:
         self._valid: _Rows | None = None  # their padding mask [B, T, 1] (None: every token real)
         self._memo: dict = {}  # rebalancing boundary -> potentials
         self._global: _Rows | None = None  # global keys [B, T, 1] (cfg.global_rate > 0)
+        self._global_list: list[int] | None = None  # their positions in row 0 (one sequence), built when first read
         self._query: _Rows | None = None  # query memberships [B, T, K] with query and key roles (cfg.key_top_k)
         self._pending: tuple | None = None  # deferred (router, layer inputs [B, T, d], prefill padding mask or None)
 
@@ -191,6 +192,7 @@ class RoutingCache:
             self._valid = None if valid is None or routing.scores is None else _Rows(valid[..., None])
             self._memo = {} if memo is None else memo
             self._global = None if routing.global_keys is None else _Rows(routing.global_keys[..., None])
+            self._global_list = None
             self._query = None if routing.query_membership is None else _Rows(routing.query_membership)
         return routing
 
@@ -225,6 +227,13 @@ class RoutingCache:
         if self._global is not None and routing.global_keys is not None:
             self._global.append(routing.global_keys[..., None])
             glob = self._global.view()[..., 0]
+            if self._global_list is not None:  # kept in step while it exists (one sequence)
+                new, at = routing.global_keys[0], len(self._global) - tq  # absolute positions
+                if tq == 1:
+                    if bool(new[0]):
+                        self._global_list.append(at)
+                else:
+                    self._global_list.extend((new.nonzero()[:, 0] + at).tolist())
         index = None
         if hard:  # per-group positions, appended in O(new tokens): the decode kernel never scans all T keys
             if self._index is None:
@@ -244,6 +253,16 @@ class RoutingCache:
                                        query_membership=routing.query_membership, query_groups=routing.query_groups),
                                None, True)
         return CallRouting(routing, index)
+
+    def global_positions(self) -> list[int] | None:
+        """The positions of one sequence's global keys as Python ints (None: no global keys, or a batch), kept
+        up to date by :meth:`step` once read: a decode step's key list takes them without scanning a ``[Tk]`` mask
+        (:func:`focusattn.focus.attend.attend_one_token`)."""
+        if self._global is None or self._global._buf.shape[0] != 1:
+            return None
+        if self._global_list is None:
+            self._global_list = self._global.view()[0, :, 0].nonzero()[:, 0].tolist()
+        return self._global_list
 
     # ------------------------------------------------------------------------------------------- readers
     def __len__(self) -> int:

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from ..focus.attend import attend
+from ..focus.attend import attend, attend_one_token
 from ..kernels.reference import relative_distance
 
 log = logging.getLogger("focusattn")
@@ -70,6 +70,11 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     dense_kv = cfg.dense_kv_heads(getattr(module, "focus_layer", -1))
     if call.trimmed:
         cfg = dataclasses.replace(cfg, sink_tokens=0)
+    elif index is not None and allowed is None and kpm is None and softcap is None and routing.query_membership is None:
+        out = attend_one_token(query, key, value, index, cfg, scale=scaling, dense_kv=dense_kv,
+                               global_positions=module.focus_cache.global_positions())
+        if out is not None:  # one sequence's decode step that gathers: the lean path (same keys, same call)
+            return out.transpose(1, 2).contiguous(), None
     out = attend(query, key, value, routing, cfg, scale=scaling, softcap=softcap,
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
                  key_padding_mask=kpm, group_index=index, dense_kv=dense_kv)

@@ -117,9 +117,9 @@ def _fused_ok(q: torch.Tensor, softcap) -> bool:
 def _every_pair_shares(membership: torch.Tensor, group_index=None) -> bool:
     """True when any two tokens share a group: one group holds every token, or every token is in more than K/2
     groups (pigeonhole). With a group index both come from its counts (``O(K)``, not ``O(Tk K)``)."""
-    kk = membership.shape[-1]
     if group_index is not None:
-        return 2 * group_index.min_groups > kk or group_index.one_group_holds_all
+        return 2 * group_index.min_groups > group_index.counts.shape[-1] or group_index.one_group_holds_all
+    kk = membership.shape[-1]
     return 2 * int(membership.sum(-1).min()) > kk or bool(membership.all(1).any(-1).all())
 
 

@@ -264,11 +264,11 @@ class GroupIndex:
             h.far_len += 1
 
     def last_keys(self, window: int, sink: int = 0, query_groups: tuple[int, ...] | None = None, *,
-                  extra: torch.Tensor | None = None) -> torch.Tensor | None:
+                  extra: torch.Tensor | list[int] | None = None) -> torch.Tensor | None:
         """Positions (int32 ``[L]``, each allowed key once) that the *last* indexed token may attend as a query:
         the first ``sink`` tokens, the earlier tokens of its groups (``query_groups``, with query and key roles;
-        else its own) before its window, the window ``[p - w, p]``, and ``extra`` (int32 positions ``<= p`` every
-        query sees: global keys; those already listed are dropped). None for more than one batch row.
+        else its own) before its window, the window ``[p - w, p]``, and ``extra`` (positions ``<= p`` every
+        query sees, int32 or a list of ints: global keys; those already listed are dropped). None for more than one batch row.
 
         The common decode step (one sequence, one new token) at host speed: a Python record per group of how many
         of its tokens lie before the window (:class:`_Host`, kept by :meth:`append` in ``O(t * K)`` Python work,
@@ -296,11 +296,12 @@ class GroupIndex:
         if sinks:
             parts.insert(0, self._arange[:len(sinks)] if sinks[-1] == len(sinks) - 1 else
                          torch.tensor(sinks, dtype=torch.int32, device=self.device))
-        if extra is not None and extra.numel():  # keep those before the window, not first sinks, in no query group
+        if extra is not None and len(extra):  # keep those before the window, not first sinks, in no query group
             if h.every is None:
                 h.every = _groups_of(self.membership[0].tolist())
             lo, qs, every = min(sink, h.far_len), set(qg), h.every
-            far = [j for j in extra.tolist() if lo <= j < h.far_len and qs.isdisjoint(every[j])]
+            extra = extra.tolist() if isinstance(extra, torch.Tensor) else extra
+            far = [j for j in extra if lo <= j < h.far_len and qs.isdisjoint(every[j])]
             if far:
                 parts.insert(0, torch.tensor(far, dtype=torch.int32, device=self.device))
         parts.append(self._arange[h.far_len:self._len])
