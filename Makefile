@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation bench-short python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve bench-short python-docs
 
 setup: $(STAMP)
 
@@ -508,4 +508,14 @@ routing-imitation: $(STAMP)
 		--ppl-windows 1 --recall-windows 1 --passkey-per-depth 1 --repeat-n 1 --no-soft --top-k 1 --baselines oracle \
 		--variants original,top1 --threads 1 --out $(ROUTE)/le_g2i_long
 	cp $(ROUTE)/le_g2i_long/long_eval.json docs/results/long_eval_attention_g2i_long.json
+	$(MAKE) imitation-curve
+
+# Does the imitator learn more from more windows? Linear and MLP imitators trained on the first 10 / 20 / 40 cached
+# windows, measured on the same 9 held-out ones (windows 40-48) in five layers (~35 min on one core).
+imitation-curve: $(STAMP)
+	for n in 10 20 40; do for h in 0 64; do \
+		$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train $$n --eval 9 --eval-from 40 \
+			--hidden $$h --steps $$([ $$h = 0 ] && echo 600 || echo 400) --layers 3,9,15,21,27 \
+			--out docs/results/imitation_curve/$$([ $$h = 0 ] && echo linear || echo mlp)_$$n.json || exit 1; \
+	done; done
 	$(MAKE) results

@@ -83,6 +83,10 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--train", type=int, default=40, help="windows whose fitted partitions the imitator learns")
     ap.add_argument("--eval", type=int, default=9, help="the next windows (sorted by name), never trained on")
+    ap.add_argument("--extra-train", default=None, help="a folder of more cached windows (scripts/cache_targets.py), "
+                    "all added to the training windows")
+    ap.add_argument("--eval-from", type=int, default=None, help="the first eval window (default: --train): fixed "
+                    "eval windows for a learning curve over --train")
     ap.add_argument("--hidden", type=int, default=0, help="an MLP of this width beside W_g (0: linear)")
     ap.add_argument("--steps", type=int, default=600, help="full-batch Adam steps per layer")
     ap.add_argument("--weight-decay", type=float, default=0.0)
@@ -104,10 +108,13 @@ def main() -> None:
     from focusattn.hf import focus_config, routers
 
     files = sorted(Path(args.targets).glob("*.safetensors"))
-    if len(files) < args.train + args.eval:
-        raise SystemExit(f"--targets {args.targets}: {len(files)} cached windows, fewer than --train {args.train} "
-                         f"+ --eval {args.eval}")
-    tr_files, ev_files = files[:args.train], files[args.train:args.train + args.eval]
+    e0 = args.train if args.eval_from is None else args.eval_from
+    if e0 < args.train or len(files) < e0 + args.eval:
+        raise SystemExit(f"--targets {args.targets}: {len(files)} cached windows; need --train {args.train} <= "
+                         f"--eval-from {e0} and --eval-from + --eval {args.eval} <= {len(files)}")
+    tr_files, ev_files = files[:args.train], files[e0:e0 + args.eval]
+    if args.extra_train:
+        tr_files += sorted(Path(args.extra_train).glob("*.safetensors"))
     model, _ = fa.load_model(args.model)
     fa.load_adapter(model, args.adapter)
     model.eval()

@@ -135,6 +135,29 @@ def render_partition_imitation(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_imitation_curve(docs: list[dict]) -> str:
+    """Learning curve of ``scripts/partition_imitation.py``: one run per training-set size and classifier, the same
+    held-out windows (``--eval-from``) and layers; the means over layers of each run."""
+    docs = sorted(docs, key=lambda x: (x.get("hidden", 0), len(x["train_windows"])))
+    layers = sorted({r["layer"] for x in docs for r in x["layers"]})
+    lines = [f"The same {len(docs[0]['eval_windows'])} held-out windows and layers {', '.join(map(str, layers))} "
+             "in every run; means over those layers. Mass: the share of the distant attention outside the global "
+             "keys that the top-1 groups keep (budget: the share of a query's distant keys in its group).", "",
+             "| imitator | training windows | agreement train / held-out | held-out mass, top-1 uncapped "
+             "(budget) | served capped (budget) | router capped | fitted (hindsight) |",
+             "|---|---|---|---|---|---|---|"]
+    for x in docs:
+        m = x["mean"]
+        kind = f"MLP {x['hidden']}" if x.get("hidden") else "linear"
+        lines.append(f"| {kind} | {len(x['train_windows'])} | {100 * m['train_imitator_agreement']:.0f}% / "
+                     f"{100 * m['eval_imitator_agreement']:.1f}% | {100 * m['eval_imitator']:.1f}% "
+                     f"({100 * m['eval_imitator_budget']:.0f}%) | {100 * m['eval_imitator_served_capped']:.1f}% "
+                     f"({100 * m['eval_imitator_served_capped_budget']:.0f}%) | {100 * m['eval_router_capped']:.1f}% |"
+                     f" {100 * m['eval_fitted']:.1f}% |")
+    lines += [""] + [f"- `{x['command']}`" for x in docs]
+    return "\n".join(lines)
+
+
 def render_router_recall(doc: dict) -> str:
     """``scripts/router_recall.py``: each adapter's served top-1 mask, with its cap and uncapped, by the share of the
     original's distant attention it drops and the keys per query it keeps, on each register (one pass per window,
