@@ -511,11 +511,20 @@ routing-imitation: $(STAMP)
 	$(MAKE) imitation-curve
 
 # Does the imitator learn more from more windows? Linear and MLP imitators trained on the first 10 / 20 / 40 cached
-# windows, measured on the same 9 held-out ones (windows 40-48) in five layers (~35 min on one core).
+# windows, measured on the same 9 held-out ones (windows 40-48) in five layers (~35 min on one core); then on those
+# 40 plus 120 more windows cached by scripts/cache_targets.py (~25 min; ~25 min per imitator).
 imitation-curve: $(STAMP)
 	for n in 10 20 40; do for h in 0 64; do \
 		$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train $$n --eval 9 --eval-from 40 \
 			--hidden $$h --steps $$([ $$h = 0 ] && echo 600 || echo 400) --layers 3,9,15,21,27 \
 			--out docs/results/imitation_curve/$$([ $$h = 0 ] && echo linear || echo mlp)_$$n.json || exit 1; \
 	done; done
+	$(PY) scripts/cache_targets.py --samples 24:144 --exclude $(ROUTE)/targets --exclude-from 40 \
+		--out $(ROUTE)/targets_more
+	for h in 0 64; do \
+		$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --eval-from 40 \
+			--extra-train $(ROUTE)/targets_more --hidden $$h --steps $$([ $$h = 0 ] && echo 600 || echo 400) \
+			--layers 3,9,15,21,27 \
+			--out docs/results/imitation_curve/$$([ $$h = 0 ] && echo linear || echo mlp)_more.json || exit 1; \
+	done
 	$(MAKE) results

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--old-src", help="src/ of a worktree at the revision before the host paths")
     ap.add_argument("--lean", action="store_true", help="A/B the lean one-token attention instead")
     ap.add_argument("--adapter", default="smollm2-135m-focus-g2")
+    ap.add_argument("--top-k", type=int, default=1)
     ap.add_argument("--label", default=None, help="the row's label in --out (default: lean / host-paths)")
     ap.add_argument("--out", default=None, help="a JSON file: this row replaces the one of the same label, "
                     "adapter and length (docs/results/decode_ab.json is rendered in RESULTS)")
@@ -51,7 +52,7 @@ def main() -> None:
     for name in ("original", "old", "new"):
         m, _ = fa.load_model("smollm2-135m")
         if name != "original":
-            fa.load_adapter(m, args.adapter); set_top_k(m, 1)
+            fa.load_adapter(m, args.adapter); set_top_k(m, args.top_k)
         models[name] = m.eval()
     torch.manual_seed(0); ids = torch.randint(100, 20000, (1, T))
     state = {}
@@ -74,7 +75,7 @@ def main() -> None:
           f"new {med['new']:.1f} ms ({med['original']/med['new']:.3f}x); same next token: {same}")
     if args.out:
         _record(args, {"label": args.label or ("lean" if args.lean else "host-paths"), "adapter": args.adapter,
-                       "T": T, "steps": n, "ms": med, "old_x": med["original"] / med["old"],
+                       "top_k": args.top_k, "T": T, "steps": n, "ms": med, "old_x": med["original"] / med["old"],
                        "new_x": med["original"] / med["new"], "same_next_token": same})
 
 
@@ -88,7 +89,7 @@ def _record(args, row: dict) -> None:
     p = Path(args.out)
     doc = json.loads(p.read_text()) if p.exists() else {"rows": []}
     row["command"] = "python scripts/decode_ab.py " + " ".join(sys.argv[1:])
-    key = lambda r: (r["label"], r["adapter"], r["T"])  # noqa: E731
+    key = lambda r: (r["label"], r["adapter"], r.get("top_k", 1), r["T"])  # noqa: E731
     doc["rows"] = sorted([r for r in doc["rows"] if key(r) != key(row)] + [row], key=key)
     p.parent.mkdir(parents=True, exist_ok=True)
     write_json(p, doc)

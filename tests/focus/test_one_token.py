@@ -1,7 +1,7 @@
 """One sequence's decode step takes the lean path (``focus.attend.attend_one_token``): the ``gather`` branch's keys
 and fused call without the validation, masks and dispatch around them (issue 23). Exact against the general path
-and the dense reference (global keys as host positions, dense heads, sinks, top-1 and top-2), None wherever it does
-not apply, and end to end a prefill plus decode steps (one token and several at a time) equals one prefill."""
+and the dense reference (the gathered and the masked call; global keys as host positions, dense heads, sinks, top-1
+and top-2), None wherever it does not apply, and end to end a prefill plus decode steps (one token and several at a time) equals one prefill."""
 import pytest
 import torch
 
@@ -18,6 +18,7 @@ from focusattn.kernels.reference import dense_focus_attention
 from tests.conftest import assert_close, focus_case, tiny_model, token_ids
 
 SPARSE = {"cpu": BreakEvens()}  # every decode step gathers
+MASKED = {"cpu": BreakEvens(decode={1: 1 << 20, 2: 1 << 20})}  # every decode step takes one masked pass
 
 
 def _case(seed, top_k, tk=40, glob_rate=0.2):
@@ -31,15 +32,17 @@ def _case(seed, top_k, tk=40, glob_rate=0.2):
 @pytest.mark.parametrize("dense_kv", [(), (1,), (0, 2)])
 @pytest.mark.parametrize("glob_rate,sink", [(0.0, 0), (0.0, 1), (0.2, 1), (0.3, 0)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_lean_step_equals_attend_and_the_reference(top_k, dense_kv, glob_rate, sink, seed):
+@pytest.mark.parametrize("table", ["gather", "decode-masked"])
+def test_the_lean_step_equals_attend_and_the_reference(top_k, dense_kv, glob_rate, sink, seed, table):
     q, k, v, member, glob = _case(seed, top_k, glob_rate=glob_rate)
     cfg = fa.FocusConfig(num_groups=4, window=3, top_k=top_k, sink_tokens=sink)
     routing = Routing(groups=member.float(), membership=member, global_keys=glob if glob_rate else None)
     positions = glob[0].nonzero()[:, 0].tolist() if glob_rate else None
-    with torch.no_grad(), dispatch.using(SPARSE):
+    dispatch.PICKS.clear()
+    with torch.no_grad(), dispatch.using(SPARSE if table == "gather" else MASKED):
         want = attend(q, k, v, routing, cfg, group_index=GroupIndex(member), dense_kv=dense_kv)
         got = attend_one_token(q, k, v, GroupIndex(member), cfg, global_positions=positions, dense_kv=dense_kv)
-    assert got is not None
+    assert got is not None and dispatch.PICKS[table] >= 2 and len(dispatch.PICKS) == 1
     assert_close(got, want, atol=1e-5, name="lean step vs attend")
     sinks = sink_key_mask(40, sink, None, None)
     if glob_rate:
@@ -52,13 +55,14 @@ def test_the_lean_step_equals_attend_and_the_reference(top_k, dense_kv, glob_rat
 
 
 def test_the_lean_step_declines_what_it_does_not_serve():
-    """None (the caller runs the general path) for: a cache the dispatcher reads in one masked pass, a batch, a
+    """None (the caller runs the general path) for: a call the window covers (the causal branch), a batch, a
     gradient, another backend, query and key roles, every head dense."""
     q, k, v, member, _ = _case(0, 1)
     cfg = fa.FocusConfig(num_groups=4, window=3, top_k=1)
     idx = GroupIndex(member)
     with torch.no_grad():
-        assert attend_one_token(q, k, v, idx, cfg) is None  # 40 keys: below the packaged gather break-even
+        assert attend_one_token(q, k, v, idx, fa.FocusConfig(num_groups=4, window=40, top_k=1)) is None
+        assert attend_one_token(q, k, v, idx, cfg) is not None  # 40 keys: the packaged tables' masked pass
         with dispatch.using(SPARSE):
             assert attend_one_token(q, k, v, idx, cfg) is not None
             assert attend_one_token(q, k, v, idx, fa.FocusConfig(num_groups=4, window=3, top_k=1,
@@ -83,7 +87,8 @@ def _served_model():
     return m.eval()
 
 
-def test_decode_steps_take_the_lean_step_and_equal_one_prefill(monkeypatch):
+@pytest.mark.parametrize("table", [SPARSE, MASKED])
+def test_decode_steps_take_the_lean_step_and_equal_one_prefill(table, monkeypatch):
     """Steps of one token take the lean path (counted), a step of three tokens the general one; every step's logits
     equal one prefill's, and the host list of global keys equals the routing's mask after the steps."""
     import focusattn.hf.attention_fn as af
@@ -93,7 +98,7 @@ def test_decode_steps_take_the_lean_step_and_equal_one_prefill(monkeypatch):
     monkeypatch.setattr(af, "attend_one_token", lambda *a, **kw: taken.append(real(*a, **kw)) or taken[-1])
     m = _served_model()
     x = token_ids(t=48, seed=3)
-    with torch.no_grad(), dispatch.using(SPARSE):
+    with torch.no_grad(), dispatch.using(table):
         whole = m(x).logits
         out = m(x[:, :20], use_cache=True)
         steps, cache, i = [out.logits], output_cache(out), 20

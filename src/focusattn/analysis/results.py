@@ -577,12 +577,13 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
                   "prompt, so other jobs on the machine slow all three alike; × = the original's time / this one's. "
                   "`lean`: the one-token attention path (`focus.attend.attend_one_token`) off / on; `host-paths`: "
                   "the host-side one-token routing of 67bebdf off / on.", "",
-                  "| change | adapter | T | original ms | old ms (×) | new ms (×) | same next token |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| change | adapter | top-k | T | original ms | old ms (×) | new ms (×) | same next token |",
+                  "|---|---|---|---|---|---|---|---|"]
         rows = _load(ab)["rows"]
         for r in rows:
             ms = r["ms"]
-            parts.append(f"| {r['label']} | `{r['adapter']}` | {r['T']} | {ms['original']:.1f} | {ms['old']:.1f} "
+            parts.append(f"| {r['label']} | `{r['adapter']}` | {r.get('top_k', 1)} | {r['T']} | {ms['original']:.1f} | "
+                         f"{ms['old']:.1f} "
                          f"({r['old_x']:.2f}×) | {ms['new']:.1f} ({r['new_x']:.2f}×) | {r['same_next_token']} |")
         parts += [""] + [f"- `{c}`" for c in dict.fromkeys(r["command"] for r in rows)] + [""]
     we = d / "wallclock_eval_offline.json"

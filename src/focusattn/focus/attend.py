@@ -7,7 +7,7 @@ import torch
 
 from ..kernels.api import focus_attention
 from ..kernels.common import default_scale, sink_key_mask
-from ..kernels.decode import gathered_step
+from ..kernels.decode import gathered_step, masked_step
 from ..kernels.decomposed.fused import fused_fwd
 from ..kernels.dispatch import PICKS, _fused_ok, choose
 from ..kernels.soft import soft_focus_attention
@@ -79,21 +79,24 @@ def attend(
 def attend_one_token(q, k, v, group_index, cfg: FocusConfig, *, scale: float | None = None,
                      global_positions: list[int] | None = None, dense_kv: tuple[int, ...] = ()) -> torch.Tensor | None:
     """:func:`attend` of one sequence's decode step (one new query, symmetric hard routing already appended to
-    ``group_index``, no mask, padding or softcap, no gradient) where ``backend="auto"`` gathers; None elsewhere (the
-    caller then runs :func:`attend`). The same keys and the same fused call as the ``gather`` branch, without the
-    validation, masks and dispatch around them: at a few hundred cached tokens those cost more than the attention
-    (issue 23). ``global_positions``: the global keys as Python ints (``RoutingCache.global_positions``)."""
+    ``group_index``, no mask, padding or softcap, no gradient) where ``backend="auto"`` gathers or takes one masked
+    pass; None elsewhere (the caller then runs :func:`attend`). The keys of the ``gather`` branch from the index's
+    host record, then its fused call over the gathered rows or, below the gather break-even, one fused call over
+    every key with those keys unmasked (``decode-masked``), without the validation, key masks and dispatch around
+    them: at a few hundred cached tokens those cost more than the attention (issue 23). ``global_positions``: the
+    global keys as Python ints (``RoutingCache.global_positions``)."""
     if (q.shape[0] != 1 or q.shape[2] != 1 or cfg.roles or cfg.backend != "auto" or len(set(dense_kv)) >= k.shape[1]
             or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))):
         return None
-    if choose(q, k, None, cfg.window, group_index=group_index) != "gather":
+    branch = choose(q, k, None, cfg.window, group_index=group_index)
+    if branch not in ("gather", "decode-masked"):
         return None
     keys = group_index.last_keys(cfg.window, cfg.sink_tokens, extra=global_positions)
     if keys is None:
         return None
-    PICKS["gather"] += 1
+    PICKS[branch] += 1
     scale = default_scale(q.shape[-1], scale)
-    out = gathered_step(q, k, v, keys, scale)[0]
+    out = (gathered_step if branch == "gather" else masked_step)(q, k, v, keys, scale)[0]
     if dense_kv:  # a dense head sees every cached key: the fused call on views of its rows, written over
         g = q.shape[1] // k.shape[1]
         for h in sorted(set(dense_kv)):

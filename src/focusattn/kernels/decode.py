@@ -87,6 +87,22 @@ def gathered_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch
     return out, lse.float()
 
 
+def masked_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, scale: float):
+    """``(out [1, Hq, 1, D], lse [1, Hq, 1])`` of one query over the key positions ``keys`` (int32 ``[L]``, each
+    once) as one fused call over every cached key with an additive mask row: the ``decode-masked`` branch of one
+    sequence's step, for caches below the gather break-even (reading every key beats copying some). The list
+    always holds the query's own position, so no row is empty."""
+    tk = k.shape[2]
+    if q.device.type != "cpu":
+        allowed = torch.zeros(1, 1, 1, tk, dtype=torch.bool, device=q.device)
+        allowed[..., keys.long()] = True
+        return fused_fwd(q, k, v, allowed, scale, causal=False)
+    bias = torch.full((1, 1, 1, tk), float("-inf"), dtype=q.dtype)
+    bias[..., keys.long()] = 0.0
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
+                                                                       scale=scale)
+
+
 def one_row_keys(group_index, q, window, sink, key_padding_mask=None, query_membership=None):
     """The key positions of a decode step of one sequence and one query (:func:`gathered_step`), from the group
     index's host record; None where that path does not apply (a batch, several queries, padding, no index). A key
