@@ -185,3 +185,28 @@ def test_sorted_flex_on_cuda_compiles_with_gradients_and_lse(top_k):
     got = _run(lambda a, b, c: sorted_flex_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
                                                            return_lse=True, top_k=top_k), q, k, v)
     _check(ref, got, 1e-4)
+
+
+@pytest.mark.parametrize("table", ["gather", "decode-masked"])
+def test_one_token_lean_step_on_cuda(table):
+    """``focus.attend.attend_one_token`` (the decode step of one sequence) on CUDA, both branches, against the dense
+    reference on the CPU: the index's host record, the gathered rows and the masked call on the device."""
+    import focusattn as fa
+    from focusattn.focus.attend import attend_one_token
+    from focusattn.kernels import dispatch
+    from focusattn.kernels.group_index import GroupIndex
+
+    if not cuda_fused_available():
+        pytest.skip("no fused CUDA attention op")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 6, 1, 64, generator=gen), *(torch.randn(1, 2, 300, 64, generator=gen) for _ in "kv")
+    member = random_membership(1, 300, 4, 1, seed=0)
+    cfg = fa.FocusConfig(num_groups=4, window=16, top_k=1, sink_tokens=1)
+    be = dispatch.BreakEvens() if table == "gather" else dispatch.BreakEvens(decode={1: 1 << 20})
+    with torch.no_grad(), dispatch.using({"cuda": be}):
+        got = attend_one_token(q.to(DEV), k.to(DEV), v.to(DEV), GroupIndex(member.to(DEV)), cfg, global_positions=[5])
+    sinks = torch.zeros(1, 300, dtype=torch.bool)
+    sinks[0, [0, 5]] = True
+    want = dense_focus_attention(q, k, v, member, 16, sink=sinks)
+    assert got is not None
+    torch.testing.assert_close(got.cpu(), want, atol=2e-4, rtol=2e-4)

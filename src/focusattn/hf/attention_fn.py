@@ -73,7 +73,7 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     elif index is not None and allowed is None and kpm is None and softcap is None and routing.query_membership is None:
         out = attend_one_token(query, key, value, index, cfg, scale=scaling, dense_kv=dense_kv,
                                global_positions=module.focus_cache.global_positions())
-        if out is not None:  # one sequence's decode step that gathers: the lean path (same keys, same call)
+        if out is not None:  # one sequence's step that gathers or masks: the lean path (same keys)
             return out.transpose(1, 2).contiguous(), None
     out = attend(query, key, value, routing, cfg, scale=scaling, softcap=softcap,
                  allowed=allowed if (needs_mask or routing.membership is None or cfg.backend == "dense") else None,
