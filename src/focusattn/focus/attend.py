@@ -97,12 +97,21 @@ def attend_one_token(q, k, v, group_index, cfg: FocusConfig, *, scale: float | N
     PICKS[branch] += 1
     scale = default_scale(q.shape[-1], scale)
     out = (gathered_step if branch == "gather" else masked_step)(q, k, v, keys, scale)[0]
-    if dense_kv:  # a dense head sees every cached key: the fused call on views of its rows, written over
-        g = q.shape[1] // k.shape[1]
-        for h in sorted(set(dense_kv)):
-            out[:, h * g:(h + 1) * g] = fused_fwd(q[:, h * g:(h + 1) * g], k[:, h:h + 1], v[:, h:h + 1], None, scale,
-                                                  causal=False)[0]
+    g = q.shape[1] // k.shape[1]
+    for h0, h1 in _head_runs(dense_kv):  # a dense head sees every cached key: the fused call on views, written over
+        out[:, h0 * g:h1 * g] = fused_fwd(q[:, h0 * g:h1 * g], k[:, h0:h1], v[:, h0:h1], None, scale, causal=False)[0]
     return out
+
+
+def _head_runs(dense_kv) -> list[list[int]]:
+    """The dense key/value heads as runs ``[h0, h1)`` of adjacent heads: one call on views per run."""
+    runs: list[list[int]] = []
+    for h in sorted(set(dense_kv)):
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + 1
+        else:
+            runs.append([h, h + 1])
+    return runs
 
 
 def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Tensor:
@@ -136,14 +145,8 @@ def _split_heads(q, k, v, routing, cfg, dense_kv, *, allowed, **kw) -> torch.Ten
                 qh = (kv[:, None] * g + torch.arange(g)).flatten().to(q.device)
                 out[:, qh] = call(qh, kv.to(q.device), is_dense)
         return out
-    runs = []
-    for h in heads:
-        if runs and runs[-1][1] == h:
-            runs[-1][1] = h + 1
-        else:
-            runs.append([h, h + 1])
     routed, pieces, at = attend(q, k, v, routing, cfg, allowed=allowed, **kw), [], 0
-    for h0, h1 in runs:
+    for h0, h1 in _head_runs(heads):
         pieces += [routed[:, at:h0 * g], call(slice(h0 * g, h1 * g), slice(h0, h1), True)]
         at = h1 * g
     return torch.cat(pieces + [routed[:, at:]], 1)
