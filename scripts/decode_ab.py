@@ -8,6 +8,8 @@ step by step with the original model's step, so other jobs on the machine slow a
 
 ``--lean``: instead, "old" is this checkout without the lean one-token attention (``attend_one_token``: the
 general ``attend`` runs every step), "new" with it; ``--adapter`` picks the adapter (default the shipped g2).
+``--route``: "old" without the group index's one-token append of groups decided on the host
+(``GroupIndex.append_one`` falls back to ``append``: the row read back and checked), "new" with it.
 """
 from __future__ import annotations
 
@@ -31,14 +33,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--old-src", help="src/ of a worktree at the revision before the host paths")
     ap.add_argument("--lean", action="store_true", help="A/B the lean one-token attention instead")
+    ap.add_argument("--route", action="store_true", help="A/B the one-token index append instead")
     ap.add_argument("--adapter", default="smollm2-135m-focus-g2")
     ap.add_argument("--top-k", type=int, default=1)
     ap.add_argument("--label", default=None, help="the row's label in --out (default: lean / host-paths)")
     ap.add_argument("--out", default=None, help="a JSON file: this row replaces the one of the same label, "
                     "adapter and length (docs/results/decode_ab.json is rendered in RESULTS)")
     args = ap.parse_args()
-    if not args.lean and not args.old_src:
-        raise SystemExit("--old-src is required (or --lean)")
+    if not (args.lean or args.route) and not args.old_src:
+        raise SystemExit("--old-src is required (or --lean, --route)")
     T, n = args.length, args.steps
     if args.lean:
         AF = importlib.import_module("focusattn.hf.attention_fn")
@@ -46,6 +49,12 @@ def main() -> None:
 
         def mode(new: bool) -> None:
             AF.attend_one_token = lean if new else (lambda *a, **k: None)
+    elif args.route:
+        from focusattn.kernels.group_index import GroupIndex
+        one = GroupIndex.append_one
+
+        def mode(new: bool) -> None:
+            GroupIndex.append_one = one if new else (lambda self, row, groups: self.append(row))
     else:
         mode = _host_paths(args.old_src)
     models = {}
@@ -74,7 +83,8 @@ def main() -> None:
     print(f"T={T}: original {med['original']:.1f} ms, old {med['old']:.1f} ms ({med['original']/med['old']:.3f}x), "
           f"new {med['new']:.1f} ms ({med['original']/med['new']:.3f}x); same next token: {same}")
     if args.out:
-        _record(args, {"label": args.label or ("lean" if args.lean else "host-paths"), "adapter": args.adapter,
+        label = args.label or ("lean" if args.lean else "route" if args.route else "host-paths")
+        _record(args, {"label": label, "adapter": args.adapter,
                        "top_k": args.top_k, "T": T, "steps": n, "ms": med, "old_x": med["original"] / med["old"],
                        "new_x": med["original"] / med["new"], "same_next_token": same})
 
@@ -109,9 +119,9 @@ def _host_paths(old_src: str):
     old.__spec__.loader.exec_module(old)
     old._Host = GI._Host
     new_lk, old_lk = GI.GroupIndex.last_keys, old.GroupIndex.last_keys
-    new_otm, new_fok = R.one_token_membership, A._fused_ok
+    new_otm, new_fok = R.one_token_groups, A._fused_ok
     def mode(new: bool) -> None:
-        R.one_token_membership = new_otm if new else (lambda *a, **k: None)
+        R.one_token_groups = new_otm if new else (lambda *a, **k: None)
         A._fused_ok = new_fok if new else (lambda *a, **k: False)
         GI.GroupIndex.last_keys = new_lk if new else old_lk
     return mode

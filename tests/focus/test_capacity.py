@@ -136,8 +136,8 @@ def test_one_token_steps_of_a_served_model_take_the_host_path(monkeypatch):
     fa.compose(m, fa.FocusConfig(num_groups=4, window=3, top_k=1, capacity=1.2, rebalance=7, rebalance_warm=True,
                                  global_rate=0.2)).eval()
     calls = []
-    real = R.one_token_membership
-    monkeypatch.setattr(R, "one_token_membership", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+    real = R.one_token_groups
+    monkeypatch.setattr(R, "one_token_groups", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
     x = torch.randint(1, V, (1, 40))
     with torch.no_grad():
         full = m(x).logits

@@ -188,3 +188,26 @@ def test_group_statistics_the_dispatcher_reads_follow_appends_crops_and_reorders
     assert not idx.append(step).reorder(torch.tensor([1])).one_group_holds_all
     with pytest.raises(ValueError, match="every token must belong"):
         idx.append(torch.zeros(1, 1, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_one_token_appends_with_host_groups_equal_appends(top_k):
+    """``append_one`` (a decode step's groups decided on the host) leaves the index, its statistics and the host
+    record's key lists exactly as ``append`` of the same rows does, host record built or not."""
+    m = random_membership(1, 200, 4, top_k, seed=7 + top_k)
+    m[:, :30] = False
+    m[:, :30, 2] = True  # one group holds every early token: one_group_holds_all must turn off on the way
+    a, b = GroupIndex(m[:, :20]), GroupIndex(m[:, :20])
+    for t in range(20, 200):
+        row = m[:, t:t + 1]
+        if t == 21:
+            assert a.last_keys(9, 2) is not None and b.last_keys(9, 2) is not None  # builds the host records
+        a.append(row)
+        b.append_one(row, tuple(torch.nonzero(row[0, 0]).flatten().tolist()))
+        assert (a.min_groups, a.max_groups, a.one_group_holds_all) == (b.min_groups, b.max_groups,
+                                                                        b.one_group_holds_all)
+        if t % 17 == 0:
+            assert torch.equal(a.last_keys(9, 2, extra=[3, 5]), b.last_keys(9, 2, extra=[3, 5]))
+            _assert_same_index(a, b)
+    _assert_same_index(a, b)
+    _assert_same_index(b, GroupIndex(m))

@@ -31,6 +31,7 @@ class Routing:
     query_membership: torch.Tensor | None = None
     query_groups: torch.Tensor | None = None  # [B, Tq, K] the queries' soft assignments (cfg.query_proj), else None
     query_scores: torch.Tensor | None = None  # [B, Tq, K] their logits before offsets, kept like ``scores``
+    host_groups: tuple[int, ...] | None = None  # one decode token's groups decided on the host (one_token_groups)
 
 
 def hard_memberships(scores: torch.Tensor, cfg: FocusConfig,
@@ -122,6 +123,13 @@ def one_token_membership(groups: torch.Tensor, cfg: FocusConfig, *, start: int, 
     cached constant. A decode step at inference pays a few microseconds here instead of the general path's ~10
     tensor ops. None where the tensor path must decide: a tie at the top-k boundary (its tie-break is the
     tensor op's), a new capacity block (the cap is re-evaluated there), or a state it does not hold."""
+    gs = one_token_groups(groups, cfg, start=start, memo=memo)
+    return None if gs is None else _row(cfg.num_groups, gs, groups.device)
+
+
+def one_token_groups(groups: torch.Tensor, cfg: FocusConfig, *, start: int, memo: dict) -> tuple[int, ...] | None:
+    """:func:`one_token_membership`'s decision as the ascending tuple of the token's groups (Python ints), which
+    the group index then appends without reading the row back (:meth:`GroupIndex.append_one`)."""
     k = cfg.num_groups
     kk = cfg.served_key_top_k
     state = None
@@ -147,7 +155,7 @@ def one_token_membership(groups: torch.Tensor, cfg: FocusConfig, *, start: int, 
         for g in gs:
             run[g] += 1
         memo["capacity"] = {key: v for key, v in state.items() if key != "run"} | {"n": start + 1, "run_host": run}
-    return _row(k, gs, groups.device)
+    return gs
 
 
 @torch.no_grad()
@@ -428,10 +436,11 @@ class FocusRouter(nn.Module):
         if asym:
             qlogits = self.scores_q(h)
             qgroups = torch.softmax(qlogits + qb.to(qlogits.dtype), dim=-1)
-        membership = None
+        membership = gs = None
         if not cfg.roles and h.shape[0] == 1 and h.shape[1] == 1 and h.device.type == "cpu":
             # on the host where the host is the device; on a GPU the conversion would be a sync per layer
-            membership, qmem = one_token_membership(groups, cfg, start=start, memo=memo), None
+            gs = one_token_groups(groups, cfg, start=start, memo=memo)
+            membership, qmem = (None, None) if gs is None else (_row(cfg.num_groups, gs, h.device), None)
         if membership is None:
             membership, qmem = served_memberships(groups, cfg, qgroups, start=start, memo=memo)
         glob = None
@@ -440,7 +449,7 @@ class FocusRouter(nn.Module):
             glob = torch.nn.functional.linear(h.to(w.dtype), w, self.globals.bias).squeeze(-1) > self.global_threshold
         keep = bool(cfg.rebalance)
         return Routing(groups, membership, logits if keep else None, glob, query_membership=qmem,
-                       query_groups=qgroups, query_scores=qlogits if keep and asym else None)
+                       query_groups=qgroups, query_scores=qlogits if keep and asym else None, host_groups=gs)
 
     @torch.no_grad()
     def _random(self, batch: int, t: int, start: int, device) -> Routing:

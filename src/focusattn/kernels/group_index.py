@@ -46,6 +46,18 @@ def _groups_of(rows: list) -> list[tuple[int, ...]]:
     return [tuple(i for i, x in enumerate(r) if x) for r in rows]
 
 
+_COUNT_ROWS: dict = {}  # (K, groups, device) -> a read-only long row [1, K] of ones at the groups
+
+
+def _count_row(k: int, groups: tuple, device) -> torch.Tensor:
+    key = (k, groups, device)
+    row = _COUNT_ROWS.get(key)
+    if row is None:
+        row = _COUNT_ROWS[key] = torch.zeros(1, k, dtype=torch.long, device=device)
+        row[0, list(groups)] = 1
+    return row
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, (max(1, n) - 1).bit_length())
 
@@ -162,6 +174,32 @@ class GroupIndex:
             if h.every is not None:
                 h.every.extend(rows)
             self._advance()
+        return self
+
+    def append_one(self, row: torch.Tensor, groups: tuple[int, ...]) -> "GroupIndex":
+        """:meth:`append` of one sequence's one token whose groups the caller decided on the host (``row`` its bool
+        ``[1, 1, K]`` membership, ``groups`` the same as ascending ints, at least one): a decode step's index update
+        in two tensor ops, the membership row and the counts, without reading the row back or re-checking it."""
+        if self._host is None or self.counts.shape[0] != 1:
+            return self.append(row)
+        n = self._len + 1
+        if n > self._memb.shape[1]:
+            memb = torch.zeros(1, _pow2_at_least(n), self._memb.shape[2], dtype=torch.bool, device=self.device)
+            memb[:, :self._len] = self.membership
+            self._memb = memb
+        self._memb[:, self._len:n] = row
+        self.counts = self.counts + _count_row(self._memb.shape[2], groups, self.device)  # never in place: _listed
+        self._len = n
+        self.min_groups, self.max_groups = min(self.min_groups, len(groups)), max(self.max_groups, len(groups))
+        if self.one_group_holds_all:
+            self.one_group_holds_all = bool((self.counts == self._len).any(-1).all())
+        h = self._host
+        if len(h.first) < _FIRST:
+            h.first.append(groups)
+        h.recent.append(groups)
+        if h.every is not None:
+            h.every.append(groups)
+        self._advance()
         return self
 
     def _sync(self) -> None:
