@@ -75,6 +75,37 @@ def _as_router(net, mu, sd, router, cfg, hidden: int):
     return out.eval()
 
 
+def _inputs(h: torch.Tensor, n: int) -> torch.Tensor:
+    """[1, T, d * (n + 1)]: each token's layer input beside those of the ``n`` tokens before it (zeros before the
+    first): what a router that also reads its neighbours would see, still causal."""
+    parts = [h] + [torch.nn.functional.pad(h, (0, 0, i, 0))[:, :h.shape[1]] for i in range(1, n + 1)]
+    return torch.cat(parts, -1)
+
+
+class _ContextRouter:
+    """The imitator of ``--context`` served like a router (its global keys, online rebalancing and cap), for
+    measurement only: the router's own logits are replaced by the imitator's on the window's inputs with context."""
+
+    def __init__(self, net, mu, sd, router):
+        import copy
+
+        self.net, self.mu, self.sd, self.r = net, mu, sd, copy.deepcopy(router)
+        last = net if isinstance(net, torch.nn.Linear) else net[-1]
+        with torch.no_grad():
+            self.r.offsets.copy_(last.bias - last.bias.mean())
+            self.r.offsets_ready.fill_(True)
+        self.bias = last.bias.detach()
+
+    def groups(self, h: torch.Tensor, n: int):
+        with torch.no_grad():
+            logits = self.net((_inputs(h, n) - self.mu) / self.sd) - self.bias
+        self.r.scores = lambda _h: logits  # instance override: the served pipeline on these logits
+        try:
+            return _groups(self.r, h)
+        finally:
+            del self.r.scores
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--targets", default="runs/routing/targets", help="a retrofit --targets-cache folder")
@@ -88,6 +119,8 @@ def main() -> None:
     ap.add_argument("--eval-from", type=int, default=None, help="the first eval window (default: --train): fixed "
                     "eval windows for a learning curve over --train")
     ap.add_argument("--hidden", type=int, default=0, help="an MLP of this width beside W_g (0: linear)")
+    ap.add_argument("--context", type=int, default=0, help="also give the imitator the layer inputs of the N "
+                    "previous tokens (causal; a router would need them served too: measured, not served)")
     ap.add_argument("--steps", type=int, default=600, help="full-batch Adam steps per layer")
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -98,8 +131,9 @@ def main() -> None:
                                                           "the imitators (the other layers keep --adapter's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.save_adapter and args.hidden:
-        raise SystemExit("--save-adapter: a linear imitator only (the adapter keeps its routers' shape)")
+    if args.save_adapter and (args.hidden or args.context):
+        raise SystemExit("--save-adapter: a linear imitator of the token's own input only (the adapter keeps its "
+                         "routers' shape)")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from safetensors import safe_open
@@ -147,7 +181,7 @@ def main() -> None:
         # the imitator: a classifier of the token's standardised layer input (the standardisation is an affine map a
         # router folds into W_g / W_1 and its offsets, so the class is what a linear or MLP router can serve; without
         # it the massive activations of a few channels leave the cross-entropy ill-conditioned)
-        hs = torch.cat([d["h"][0] for d in data["train"]])
+        hs = torch.cat([_inputs(d["h"], args.context)[0] for d in data["train"]])
         mu, sd = hs.mean(0), hs.std(0) + 1e-3
         ys = torch.from_numpy(np.concatenate([d["lab"] for d in data["train"]]))
         d_model = hs.shape[1]
@@ -165,9 +199,9 @@ def main() -> None:
 
         def imitate(h: torch.Tensor) -> np.ndarray:
             with torch.no_grad():
-                return net((h[0] - mu) / sd).argmax(-1).numpy()
+                return net((_inputs(h, args.context)[0] - mu) / sd).argmax(-1).numpy()
 
-        served = _as_router(net, mu, sd, r, cfg, args.hidden)
+        served = _as_router(net, mu, sd, r, cfg, args.hidden) if not args.context else _ContextRouter(net, mu, sd, r)
         imitators[li] = served
 
         row = {"layer": li, "train_loss_start": losses[0], "train_loss": losses[-1]}
@@ -177,7 +211,7 @@ def main() -> None:
             bud = {n: [] for n in ROWS}
             for d in ds:
                 ig = imitate(d["h"])
-                sg, sgc, _ = _groups(served, d["h"])
+                sg, sgc, _ = _groups(served, d["h"]) if not args.context else served.groups(d["h"], args.context)
                 acc["router"].append(float((d["rg"] == d["lab"]).mean()))
                 acc["imitator"].append(float((ig == d["lab"]).mean()))
                 for n, g in (("router", d["rg"]), ("router_capped", d["rgc"]), ("imitator", ig),
@@ -204,7 +238,7 @@ def main() -> None:
         fa.save_adapter(model, args.save_adapter)
     write_doc("partition_imitation", args, out_rows, {
         "train_windows": [f.name for f in tr_files], "eval_windows": [f.name for f in ev_files], "groups": k,
-        "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden,
+        "capacity": args.capacity, "window": cfg.window, "hidden": args.hidden, "context": args.context,
         "what": "share of the targets' distant attention mass outside the router's global keys that each routing's "
                 "top-1 groups keep (*_budget: the mean share of a query's distant keys in its group): the router's "
                 "(uncapped / capped as served), the imitator's (a classifier of the layer input trained by "
