@@ -81,16 +81,18 @@ def test_render_router_recall_has_a_row_per_mask_and_a_column_per_register():
 def test_render_imitation_curve_has_a_row_per_run_linear_first_by_windows():
     from focusattn.analysis.recall_report import render_imitation_curve
 
-    def doc(n, hidden, agree):
+    def doc(n, hidden, agree, context=0):
         m = {"train_imitator_agreement": 0.5, "eval_imitator_agreement": agree, "eval_imitator": 0.4,
              "eval_imitator_budget": 0.2, "eval_imitator_served_capped": 0.25,
              "eval_imitator_served_capped_budget": 0.14, "eval_router_capped": 0.19, "eval_fitted": 0.6}
         return {"command": f"python scripts/partition_imitation.py --train {n} --hidden {hidden}",
                 "train_windows": ["w"] * n, "eval_windows": ["e"] * 9, "hidden": hidden, "mean": m,
-                "layers": [{"layer": 3}, {"layer": 9}]}
+                "layers": [{"layer": 3}, {"layer": 9}], "context": context}
 
-    text = render_imitation_curve([doc(40, 64, 0.35), doc(20, 0, 0.34), doc(10, 0, 0.29)])
+    text = render_imitation_curve([doc(40, 0, 0.36, context=1), doc(40, 64, 0.35), doc(20, 0, 0.34),
+                                   doc(10, 0, 0.29)])
     rows = [ln for ln in text.splitlines() if ln.startswith("| linear") or ln.startswith("| MLP")]
-    assert [r.split(" | ")[:2] for r in rows] == [["| linear", "10"], ["| linear", "20"], ["| MLP 64", "40"]]
+    assert [r.split(" | ")[:2] for r in rows] == [["| linear", "10"], ["| linear", "20"], ["| MLP 64", "40"],
+                                                  ["| linear, + 1 previous token's input", "40"]]
     assert "50% / 29.0% | 40.0% (20%) | 25.0% (14%) | 19.0% | 60.0% |" in rows[0]
-    assert "layers 3, 9" in text and text.count("- `python scripts/partition_imitation.py") == 3
+    assert "layers 3, 9" in text and text.count("- `python scripts/partition_imitation.py") == 4

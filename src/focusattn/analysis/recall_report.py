@@ -136,9 +136,9 @@ def render_partition_imitation(doc: dict) -> str:
 
 
 def render_imitation_curve(docs: list[dict]) -> str:
-    """Learning curve of ``scripts/partition_imitation.py``: one run per training-set size and classifier, the same
-    held-out windows (``--eval-from``) and layers; the means over layers of each run."""
-    docs = sorted(docs, key=lambda x: (x.get("hidden", 0), len(x["train_windows"])))
+    """Learning curve of ``scripts/partition_imitation.py``: one run per training-set size, classifier and input
+    (``--context``), the same held-out windows (``--eval-from``) and layers; the means over layers of each run."""
+    docs = sorted(docs, key=lambda x: (x.get("context", 0), x.get("hidden", 0), len(x["train_windows"])))
     layers = sorted({r["layer"] for x in docs for r in x["layers"]})
     lines = [f"The same {len(docs[0]['eval_windows'])} held-out windows and layers {', '.join(map(str, layers))} "
              "in every run; means over those layers. Mass: the share of the distant attention outside the global "
@@ -149,6 +149,9 @@ def render_imitation_curve(docs: list[dict]) -> str:
     for x in docs:
         m = x["mean"]
         kind = f"MLP {x['hidden']}" if x.get("hidden") else "linear"
+        if x.get("context"):  # --context N: the previous N tokens' layer inputs too
+            n = x["context"]
+            kind += ", + 1 previous token's input" if n == 1 else f", + {n} previous tokens' inputs"
         lines.append(f"| {kind} | {len(x['train_windows'])} | {100 * m['train_imitator_agreement']:.0f}% / "
                      f"{100 * m['eval_imitator_agreement']:.1f}% | {100 * m['eval_imitator']:.1f}% "
                      f"({100 * m['eval_imitator_budget']:.0f}%) | {100 * m['eval_imitator_served_capped']:.1f}% "
@@ -167,7 +170,8 @@ def render_router_recall(doc: dict) -> str:
     cell = {(r["corpus"], r["mask"]): r for r in doc["rows"]}
     lines = [f"Command: `{doc['command']}`", "",
              f"T = {doc['length']}, {doc['windows']} validation windows per register; trained on "
-             f"{doc.get('trained_on', '?')}; adapters: " + "; ".join(f"`{k}` = `{v}`" for k, v in doc["adapters"].items())
+             f"{doc.get('trained_on', '?')}; adapters: "
+             + "; ".join(f"`{k}` = `{v}`" for k, v in doc["adapters"].items())
              + ". Cells: distant attention dropped (distant keys kept per query).", "",
              "| mask | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
     for m in masks:

@@ -59,9 +59,10 @@ CAPACITY_BLOCK = 64  # positions that share one capacity decision (FocusConfig.c
 def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: torch.Tensor | None = None, *,
                        mask: torch.Tensor | None = None, start: int = 0,
                        memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The hard memberships the config serves: :func:`hard_memberships`, under ``cfg.capacity`` when set: the tokens at positions ``start .. start + T - 1`` of block
-    ``[s, s + CAPACITY_BLOCK)`` may not join a group whose key-membership count over the real tokens before ``s``
-    exceeds ``capacity`` times the balanced share; they rank only the other groups. ``memo["capacity"]`` carries the
+    """The hard memberships the config serves: :func:`hard_memberships`, under ``cfg.capacity`` when set: the
+    tokens at positions ``start .. start + T - 1`` of block ``[s, s + CAPACITY_BLOCK)`` may not join a group whose
+    key-membership count over the real tokens before ``s`` exceeds ``capacity`` times the balanced share; they rank
+    only the other groups. ``memo["capacity"]`` carries the
     counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the groups ``full`` at block start ``s``) from
     a prefill to the decode steps after it, which must follow it without a gap. ``query_groups``
     (``cfg.query_proj``): the queries rank their own scores, uncapped (the cap bounds the keys a group holds)."""

@@ -12,9 +12,10 @@ plus the window ``[p - w, p]``:
 
 Building costs one ``nonzero`` over the prefill membership (sorted by group for free); ``append`` of ``t`` tokens
 costs ``O(t * K)`` (the membership rows and the counts; the position lists catch up in one batch when they are next
-read, so steps that never gather never write them) plus amortised regrowth. Memory: ``B * K * cap`` int32 with ``cap`` the next power of two >= the
-largest group, i.e. ``4 * B * T * k`` bytes (up to twice that) for balanced top-k groups and at worst
-``4 * B * T * K`` if one group takes every token, plus the ``B * T * K`` bytes of membership.
+read, so steps that never gather never write them) plus amortised regrowth. Memory: ``B * K * cap`` int32 with
+``cap`` the next power of two >= the largest group, i.e. ``4 * B * T * k`` bytes (up to twice that) for balanced
+top-k groups and at worst ``4 * B * T * K`` if one group takes every token, plus the ``B * T * K`` bytes of
+membership.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class GroupIndex:
 
     ``GroupIndex(membership)`` indexes a prefill's bool ``[B, T, K]`` membership; ``append(m)`` adds ``[B, t, K]``
     for the next ``t`` positions; ``crop(n)`` keeps the first ``n`` (to follow a KV cache that is cropped, e.g. by
-    assisted decoding); ``reorder(batch_idx)`` follows a beam-search cache reorder. ``len(index)`` is the number of indexed tokens and must equal the KV length it is used with.
+    assisted decoding); ``reorder(batch_idx)`` follows a beam-search cache reorder. ``len(index)`` is the number of
+    indexed tokens and must equal the KV length it is used with.
     """
 
     def __init__(self, membership: torch.Tensor):
@@ -306,7 +308,8 @@ class GroupIndex:
         """Positions (int32 ``[L]``, each allowed key once) that the *last* indexed token may attend as a query:
         the first ``sink`` tokens, the earlier tokens of its groups (``query_groups``, with query and key roles;
         else its own) before its window, the window ``[p - w, p]``, and ``extra`` (positions ``<= p`` every
-        query sees, int32 or a list of ints: global keys; those already listed are dropped). None for more than one batch row.
+        query sees, int32 or a list of ints: global keys; those already listed are dropped). None for more than one
+        batch row.
 
         The common decode step (one sequence, one new token) at host speed: a Python record per group of how many
         of its tokens lie before the window (:class:`_Host`, kept by :meth:`append` in ``O(t * K)`` Python work,
