@@ -512,7 +512,8 @@ routing-imitation: $(STAMP)
 
 # Does the imitator learn more from more windows? Linear and MLP imitators trained on the first 10 / 20 / 40 cached
 # windows, measured on the same 9 held-out ones (windows 40-48) in five layers (~35 min on one core); then on those
-# 40 plus 120 more windows cached by scripts/cache_targets.py (~25 min; ~25 min per imitator).
+# 40 plus 120 more windows cached by scripts/cache_targets.py (~25 min; ~25 min per imitator); then the linear one
+# given the previous token's layer input too (--context 1; ~10 and ~40 min).
 imitation-curve: $(STAMP)
 	for n in 10 20 40; do for h in 0 64; do \
 		$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train $$n --eval 9 --eval-from 40 \
@@ -527,4 +528,9 @@ imitation-curve: $(STAMP)
 			--layers 3,9,15,21,27 \
 			--out docs/results/imitation_curve/$$([ $$h = 0 ] && echo linear || echo mlp)_more.json || exit 1; \
 	done
+	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --eval-from 40 --context 1 \
+		--steps 600 --layers 3,9,15,21,27 --out docs/results/imitation_curve/linear_ctx1_40.json
+	$(PY) scripts/partition_imitation.py --targets $(ROUTE)/targets --train 40 --eval 9 --eval-from 40 --context 1 \
+		--extra-train $(ROUTE)/targets_more --steps 600 --layers 3,9,15,21,27 \
+		--out docs/results/imitation_curve/linear_ctx1_more.json
 	$(MAKE) results

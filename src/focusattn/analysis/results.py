@@ -575,8 +575,9 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
                   "Median thread CPU ms of a decode step (one thread) after T cached tokens: the original model, the "
                   "adapter without the change (`old`) and with it (`new`), step by step in turn from the same "
                   "prompt, so other jobs on the machine slow all three alike; × = the original's time / this one's. "
-                  "`lean`: the one-token attention path (`focus.attend.attend_one_token`) off / on; `host-paths`: "
-                  "the host-side one-token routing of 67bebdf off / on.", "",
+                  "`lean`: the one-token attention path (`focus.attend.attend_one_token`) off / on; `route`: the "
+                  "group index's append of a token whose groups were decided on the host (`GroupIndex.append_one`) "
+                  "off / on; `host-paths`: the host-side one-token routing of 67bebdf off / on.", "",
                   "| change | adapter | top-k | T | original ms | old ms (×) | new ms (×) | same next token |",
                   "|---|---|---|---|---|---|---|---|"]
         rows = _load(ab)["rows"]
