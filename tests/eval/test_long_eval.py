@@ -111,6 +111,35 @@ def test_bench_model_times_the_learned_routing(adapter_dir, tmp_path):
     assert (out / "model_bench.png").stat().st_size > 0
 
 
+def test_bench_model_prefill_ratio_pairs_each_variant_with_an_adjacent_original_prefill(adapter_dir, tmp_path,
+                                                                                         monkeypatch):
+    """Each variant's prefill runs right after an original's prefill, and its prefill x is the median over repeats
+    of those adjacent pairs' ratios (a drifting machine speed then cancels in each ratio)."""
+    import statistics
+
+    import focusattn.bench.model as BM
+
+    made = []
+
+    class Spy(BM._Decoder):
+        def __init__(self, model, x, clock):
+            super().__init__(model, x, clock)
+            made.append((id(clock), x.shape[1], self.prefill))
+
+    monkeypatch.setattr(BM, "_Decoder", Spy)
+    out = tmp_path / "bm"
+    assert main(["bench-model", "--adapter", adapter_dir, "--lengths", "300", "--top-k", "1", "2", "--repeats", "2",
+                 "--decode-tokens", "1", "--threads", "1", "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in json.loads((out / "model_bench.json").read_text())["results"]}
+    timed = [m for m in made if m[1] == 300]  # the warm-up prefills are shorter (256)
+    base = timed[0][0]
+    assert [m[0] == base for m in timed] == [True, False, True, False] * 2  # orig, top1, orig, top2 per repeat
+    for j, name in ((1, "top1"), (3, "top2")):
+        ratios = [timed[i + j - 1][2] / timed[i + j][2] for i in (0, 4)]
+        assert rows[name]["prefill_paired"] and rows[name]["prefill_speedup"] == pytest.approx(
+            statistics.median(ratios))
+
+
 @pytest.mark.parametrize("argv, message", [(["--variants", "original,top9"], "--variants original,top9: unknown top9"),
                                            (["--baselines", "sliding,lsh"], "--baselines sliding,lsh: unknown lsh")])
 def test_long_eval_unknown_variant_or_baseline_is_one_line(adapter_dir, tmp_path, capsys, argv, message):

@@ -491,6 +491,9 @@ def _short_bench_lines(b: dict) -> list[str]:
              f"repeats (decode-only rows: one prefill per variant), decode = median of {b['decode_tokens']} "
              + ("steps (each variant's steps interleaved with the original's from the same prompt, its decode × "
                 "taken to those). " if b.get("decode_interleaved") else "steps. ") +
+             ("Prefill × = the median over repeats of the original's prefill run just before this variant's / "
+              "this variant's (the machine's speed drifts over minutes); " if any(
+                  r.get("prefill_paired") for r in b["results"]) else "") +
              "× = original's time / this variant's (wall; CPU = process CPU time). Branches: calls of "
              "each `auto` branch in the first repeat (30 layers per forward); none where the window covers the "
              "call (routing deferred, the model's own attention ran).", "",

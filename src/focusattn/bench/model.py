@@ -110,20 +110,26 @@ def _prefill_decode(model, x, decode_tokens: int, clock: _AttentionClock):
 
 
 @torch.no_grad()
-def _interleaved(base, x, decode_tokens: int, base_clock, variants) -> dict:
+def _interleaved(base, x, decode_tokens: int, base_clock, variants, pair_prefills: bool = True) -> dict:
     """One repeat: the original's prefill, then per Focus variant its prefill and its decode steps alternated
     step by step with the original's (each variant against its own copy of the original's cache after the prompt,
     so both decode at the same contexts). Returns ``{name: record}``; the original's decode record pools its steps
-    and ``decode_pairs`` keeps, per variant, the original's steps that ran beside it."""
+    and ``decode_pairs`` keeps, per variant, the original's steps that ran beside it. ``pair_prefills``: each
+    variant's prefill also has an original's prefill run just before it (``prefill_pairs``; the first variant's is
+    the repeat's own), so its ratio compares two adjacent runs: this machine's speed drifts by 10-30% over minutes,
+    and a ratio to a prefill run a variant's decode steps earlier carried that drift."""
     import copy
 
     from ..hf import set_top_k
 
     ref = _Decoder(base, x, base_clock)
     start = (ref.cache, ref.tok)
-    out, pairs, pooled = {}, {}, []
-    for name, m, clock, k in variants:
+    out, pairs, pooled, prefills = {}, {}, [], {}
+    for i, (name, m, clock, k) in enumerate(variants):
         set_top_k(m, k)
+        if pair_prefills:
+            adj = ref if i == 0 else _Decoder(base, x, base_clock)
+            prefills[name] = {"prefill_s": adj.prefill, "prefill_cpu_s": adj.prefill_cpu}
         var = _Decoder(m, x, clock)
         ref.cache, ref.tok = copy.deepcopy(start[0]), start[1]
         ref.steps, ref.cpu_steps, ref.attn_steps = [], [], []
@@ -136,6 +142,7 @@ def _interleaved(base, x, decode_tokens: int, base_clock, variants) -> dict:
     ref.steps, ref.cpu_steps, ref.attn_steps = (sum((p[i] for p in pooled), []) for i in range(3))
     out["original"] = ref.record()
     out["original"]["decode_pairs"] = pairs
+    out["original"]["prefill_pairs"] = prefills
     return out
 
 
@@ -216,7 +223,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         routing, kernel = {}, {}
         bar = tqdm(range(1 if only else repeats), desc=f"bench-model T={t}", disable=not progress)
         for rep in bar:
-            recs = _interleaved(base, x, decode_tokens, base_clock, variants[1:])
+            recs = _interleaved(base, x, decode_tokens, base_clock, variants[1:], pair_prefills=not only)
             for name, m, clock, k in variants:
                 runs[name].append(recs[name])
                 if rep == 0 and k is not None and not only:
@@ -229,12 +236,17 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
         for name, *_ in variants:
             row = {"T": t, "variant": name, **_summarise(runs[name]), **({"decode_only": True} if only else {})}
             row["prefill_speedup"] = base_row["prefill_s"] / row["prefill_s"]
+            row["prefill_cpu_speedup"] = base_row["prefill_cpu_s"] / row["prefill_cpu_s"]
+            adjacent = [(r["prefill_pairs"].get(name), v) for r, v in zip(runs["original"], runs[name])]
+            if name != "original" and all(a is not None for a, _ in adjacent):  # the median of adjacent pairs
+                for key in ("prefill", "prefill_cpu"):
+                    row[f"{key}_speedup"] = statistics.median(a[f"{key}_s"] / v[f"{key}_s"] for a, v in adjacent)
+                row["prefill_paired"] = True
             beside = base_row  # the original's steps that ran interleaved with this variant's
             if name != "original":
                 beside = _summarise([r["decode_pairs"][name] for r in runs["original"]])
             row["decode_speedup"] = (beside["decode_s"] / row["decode_s"]) if row["decode_s"] else None
             row["attention_speedup"] = base_row["attention_s"] / row["attention_s"] if row["attention_s"] else None
-            row["prefill_cpu_speedup"] = base_row["prefill_cpu_s"] / row["prefill_cpu_s"]
             row["decode_cpu_speedup"] = (beside["decode_cpu_s"] / row["decode_cpu_s"]) if row["decode_cpu_s"] else None
             if name in routing:
                 row["routing"] = routing[name]
