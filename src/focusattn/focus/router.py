@@ -62,10 +62,10 @@ def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: tor
     """The hard memberships the config serves: :func:`hard_memberships`, under ``cfg.capacity`` when set: the
     tokens at positions ``start .. start + T - 1`` of block ``[s, s + CAPACITY_BLOCK)`` may not join a group whose
     key-membership count over the real tokens before ``s`` exceeds ``capacity`` times the balanced share; they rank
-    only the other groups. ``memo["capacity"]`` carries the
-    counts (``n`` tokens routed, their per-row counts ``run`` [B, K], the groups ``full`` at block start ``s``) from
-    a prefill to the decode steps after it, which must follow it without a gap. ``query_groups``
-    (``cfg.query_proj``): the queries rank their own scores, uncapped (the cap bounds the keys a group holds)."""
+    only the other groups. ``memo["capacity"]`` carries the counts (``n`` tokens routed, their per-row counts
+    ``run`` [B, K], the groups ``full`` at block start ``s``) from a prefill to the decode steps after it, which must
+    follow it without a gap. ``query_groups`` (``cfg.query_proj``): the queries rank their own scores, uncapped (the
+    cap bounds the keys a group holds)."""
     if not cfg.capacity:
         return hard_memberships(groups, cfg, query_groups)
     b, t, k = groups.shape
