@@ -9,7 +9,7 @@ step by step with the original model's step, so other jobs on the machine slow a
 ``--lean``: instead, "old" is this checkout without the lean one-token attention (``attend_one_token``: the
 general ``attend`` runs every step), "new" with it; ``--adapter`` picks the adapter (default the shipped g2).
 ``--route``: "old" without the group index's one-token append of groups decided on the host
-(``GroupIndex.append_one`` falls back to ``append``: the row read back and checked), "new" with it.
+(``GroupIndex.append`` without the ``groups`` the router decided: the row read back), "new" with them.
 """
 from __future__ import annotations
 
@@ -51,10 +51,10 @@ def main() -> None:
             AF.attend_one_token = lean if new else (lambda *a, **k: None)
     elif args.route:
         from focusattn.kernels.group_index import GroupIndex
-        one = GroupIndex.append_one
+        append = GroupIndex.append
 
         def mode(new: bool) -> None:
-            GroupIndex.append_one = one if new else (lambda self, row, groups: self.append(row))
+            GroupIndex.append = append if new else (lambda self, m, groups=None: append(self, m))
     else:
         mode = _host_paths(args.old_src)
     models = {}

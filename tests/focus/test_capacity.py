@@ -101,7 +101,7 @@ def test_prefill_plus_decode_steps_equal_one_prefill(rebalance, warm, rate, monk
 @given(t=st.integers(2, 60), k=st.integers(2, 6), top_k=st.integers(1, 2), cap=st.sampled_from([0.0, 1.0, 1.5, 3.0]),
        block=st.integers(1, 9), ties=st.booleans(), seed=st.integers(0, 99))
 def test_one_token_steps_on_the_host_equal_the_tensor_path(t, k, top_k, cap, block, ties, seed):
-    """The decode steps of one sequence decided on the host (:func:`one_token_membership`) continue a prefill's
+    """The decode steps of one sequence decided on the host (:func:`one_token_groups`) continue a prefill's
     memberships and counts exactly like the tensor path, ties (underflowed probabilities) and block starts
     included, and hand their counts back to it."""
     top_k = min(top_k, k - 1)
@@ -118,7 +118,8 @@ def test_one_token_steps_on_the_host_equal_the_tensor_path(t, k, top_k, cap, blo
         memo: dict = {}
         rows = [R.served_memberships(groups[:, :start], cfg, memo=memo)[0]]
         for i in range(start, t):
-            mem = R.one_token_membership(groups[:, i:i + 1], cfg, start=i, memo=memo)
+            gs = R.one_token_groups(groups[:, i:i + 1], cfg, start=i, memo=memo)
+            mem = None if gs is None else R._row(k, gs, groups.device)
             host += mem is not None
             if mem is None:
                 mem = R.served_memberships(groups[:, i:i + 1], cfg, start=i, memo=memo)[0]

@@ -192,7 +192,7 @@ def test_group_statistics_the_dispatcher_reads_follow_appends_crops_and_reorders
 
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_one_token_appends_with_host_groups_equal_appends(top_k):
-    """``append_one`` (a decode step's groups decided on the host) leaves the index, its statistics and the host
+    """``append`` given the rows' groups (a decode step's groups decided on the host) leaves the index, its statistics and the host
     record's key lists exactly as ``append`` of the same rows does, host record built or not."""
     m = random_membership(1, 200, 4, top_k, seed=7 + top_k)
     m[:, :30] = False
@@ -203,7 +203,7 @@ def test_one_token_appends_with_host_groups_equal_appends(top_k):
         if t == 21:
             assert a.last_keys(9, 2) is not None and b.last_keys(9, 2) is not None  # builds the host records
         a.append(row)
-        b.append_one(row, tuple(torch.nonzero(row[0, 0]).flatten().tolist()))
+        b.append(row, groups=[tuple(torch.nonzero(row[0, 0]).flatten().tolist())])
         assert (a.min_groups, a.max_groups, a.one_group_holds_all) == (b.min_groups, b.max_groups,
                                                                         b.one_group_holds_all)
         if t % 17 == 0:

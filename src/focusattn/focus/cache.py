@@ -239,10 +239,8 @@ class RoutingCache:
             if self._index is None:
                 self._index, self._prefill_membership = GroupIndex(self._prefill_membership), None
             index = self._index
-            if routing.host_groups is not None:  # one token decided on the host: no read-back, no checks
-                index.append_one(routing.membership, routing.host_groups)
-            else:
-                index.append(routing.membership)  # the keys' groups; the queries' (roles) are this step's own
+            # the keys' groups (the queries', with roles, are this step's own); decided on the host: not read back
+            index.append(routing.membership, None if routing.host_groups is None else [routing.host_groups])
             qmem = routing.query_membership
             if self._query is not None and qmem is not None:
                 self._query.append(qmem)

@@ -73,7 +73,7 @@ def served_memberships(groups: torch.Tensor, cfg: FocusConfig, query_groups: tor
     if start > 0 and (state is None or state["n"] != start):
         raise ValueError(f"capacity needs the group counts of the {start} earlier tokens: start generation with a "
                          "full prefill after setting capacity")
-    if state is not None and "run_host" in state:  # the host steps' counts (one_token_membership)
+    if state is not None and "run_host" in state:  # the host steps' counts (one_token_groups)
         state = {key: v for key, v in state.items() if key != "run_host"} | {
             "run": torch.tensor([state["run_host"]], dtype=torch.long, device=groups.device)}
     if state is None:
@@ -117,20 +117,13 @@ def _row(k: int, gs: tuple, device) -> torch.Tensor:
     return row
 
 
-@torch.no_grad()
-def one_token_membership(groups: torch.Tensor, cfg: FocusConfig, *, start: int, memo: dict) -> torch.Tensor | None:
-    """:func:`served_memberships` of one sequence's one new token (symmetric top-k), decided on the host: one
-    conversion of its K probabilities, the cap's counts kept as Python ints in ``memo["capacity"]``, the row a
-    cached constant. A decode step at inference pays a few microseconds here instead of the general path's ~10
-    tensor ops. None where the tensor path must decide: a tie at the top-k boundary (its tie-break is the
-    tensor op's), a new capacity block (the cap is re-evaluated there), or a state it does not hold."""
-    gs = one_token_groups(groups, cfg, start=start, memo=memo)
-    return None if gs is None else _row(cfg.num_groups, gs, groups.device)
-
-
 def one_token_groups(groups: torch.Tensor, cfg: FocusConfig, *, start: int, memo: dict) -> tuple[int, ...] | None:
-    """:func:`one_token_membership`'s decision as the ascending tuple of the token's groups (Python ints), which
-    the group index then appends without reading the row back (:meth:`GroupIndex.append_one`)."""
+    """:func:`served_memberships` of one sequence's one new token (symmetric top-k), decided on the host, as the
+    ascending tuple of its groups: one conversion of its K probabilities, the cap's counts kept as Python ints in
+    ``memo["capacity"]``; the row is a cached constant (``_row``) and the group index takes the tuple as it is. A
+    decode step at inference pays a few microseconds here instead of the general path's ~10 tensor ops. None where
+    the tensor path must decide: a tie at the top-k boundary (its tie-break is the tensor op's), a new capacity
+    block (the cap is re-evaluated there), or a state it does not hold."""
     k = cfg.num_groups
     kk = cfg.served_key_top_k
     state = None

@@ -47,18 +47,6 @@ def _groups_of(rows: list) -> list[tuple[int, ...]]:
     return [tuple(i for i, x in enumerate(r) if x) for r in rows]
 
 
-_COUNT_ROWS: dict = {}  # (K, groups, device) -> a read-only long row [1, K] of ones at the groups
-
-
-def _count_row(k: int, groups: tuple, device) -> torch.Tensor:
-    key = (k, groups, device)
-    row = _COUNT_ROWS.get(key)
-    if row is None:
-        row = _COUNT_ROWS[key] = torch.zeros(1, k, dtype=torch.long, device=device)
-        row[0, list(groups)] = 1
-    return row
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(4, (max(1, n) - 1).bit_length())
 
@@ -143,8 +131,11 @@ class GroupIndex:
         pos[:, :, :self._cap] = self._pos[:, :, :self._cap]
         self._pos, self._cap = pos, cap
 
-    def append(self, membership_new: torch.Tensor) -> "GroupIndex":
-        """Index ``membership_new`` ``[B, t, K]`` as positions ``len .. len + t - 1``; returns ``self``."""
+    def append(self, membership_new: torch.Tensor, groups: list[tuple[int, ...]] | None = None) -> "GroupIndex":
+        """Index ``membership_new`` ``[B, t, K]`` as positions ``len .. len + t - 1``; returns ``self``. ``groups``:
+        one sequence's new rows as ascending group tuples the caller already holds on the host (a decode step's
+        groups decided there, :func:`~focusattn.focus.router.one_token_groups`), so the host record takes them
+        without reading the rows back (a sync per layer and step)."""
         b, k = self.counts.shape
         _check_membership(membership_new, "membership_new", b, k, every_token=False)
         if membership_new.device != self.device:
@@ -153,7 +144,7 @@ class GroupIndex:
         if t == 0:
             return self
         if self._host is not None:  # one sync gives the host record its rows, and the check and the bounds
-            rows = _groups_of(membership_new[0].tolist())
+            rows = groups if groups is not None else _groups_of(membership_new[0].tolist())
             lo, hi = min(map(len, rows)), max(map(len, rows))
         else:
             lo, hi = torch.stack(torch.aminmax(membership_new.sum(-1))).tolist()  # one sync: the check, the bounds
@@ -164,7 +155,7 @@ class GroupIndex:
             memb[:, :self._len] = self.membership
             self._memb = memb
         self._memb[:, self._len:self._len + t] = membership_new
-        self.counts = self.counts + membership_new.sum(1)
+        self.counts = self.counts + (membership_new.sum(1) if t > 1 else membership_new[:, 0])  # bool -> long
         self._len += t
         self.min_groups, self.max_groups = min(self.min_groups, lo), max(self.max_groups, hi)
         if self.one_group_holds_all:
@@ -176,32 +167,6 @@ class GroupIndex:
             if h.every is not None:
                 h.every.extend(rows)
             self._advance()
-        return self
-
-    def append_one(self, row: torch.Tensor, groups: tuple[int, ...]) -> "GroupIndex":
-        """:meth:`append` of one sequence's one token whose groups the caller decided on the host (``row`` its bool
-        ``[1, 1, K]`` membership, ``groups`` the same as ascending ints, at least one): a decode step's index update
-        in two tensor ops, the membership row and the counts, without reading the row back or re-checking it."""
-        if self._host is None or self.counts.shape[0] != 1:
-            return self.append(row)
-        n = self._len + 1
-        if n > self._memb.shape[1]:
-            memb = torch.zeros(1, _pow2_at_least(n), self._memb.shape[2], dtype=torch.bool, device=self.device)
-            memb[:, :self._len] = self.membership
-            self._memb = memb
-        self._memb[:, self._len:n] = row
-        self.counts = self.counts + _count_row(self._memb.shape[2], groups, self.device)  # never in place: _listed
-        self._len = n
-        self.min_groups, self.max_groups = min(self.min_groups, len(groups)), max(self.max_groups, len(groups))
-        if self.one_group_holds_all:
-            self.one_group_holds_all = bool((self.counts == self._len).any(-1).all())
-        h = self._host
-        if len(h.first) < _FIRST:
-            h.first.append(groups)
-        h.recent.append(groups)
-        if h.every is not None:
-            h.every.append(groups)
-        self._advance()
         return self
 
     def _sync(self) -> None:
