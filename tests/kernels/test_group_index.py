@@ -192,8 +192,9 @@ def test_group_statistics_the_dispatcher_reads_follow_appends_crops_and_reorders
 
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_one_token_appends_with_host_groups_equal_appends(top_k):
-    """``append`` given the rows' groups (a decode step's groups decided on the host) leaves the index, its statistics and the host
-    record's key lists exactly as ``append`` of the same rows does, host record built or not."""
+    """``append`` given the rows' groups (a decode step's groups decided on the host) leaves the index, its
+    statistics and the host record's key lists exactly as ``append`` of the same rows does, host record built or
+    not."""
     m = random_membership(1, 200, 4, top_k, seed=7 + top_k)
     m[:, :30] = False
     m[:, :30, 2] = True  # one group holds every early token: one_group_holds_all must turn off on the way

@@ -579,8 +579,8 @@ def render_dispatch_section(doc: dict, *, results_dir: Path) -> str:
                   "adapter without the change (`old`) and with it (`new`), step by step in turn from the same "
                   "prompt, so other jobs on the machine slow all three alike; × = the original's time / this one's. "
                   "`lean`: the one-token attention path (`focus.attend.attend_one_token`) off / on; `route`: the "
-                  "group index's append of a token whose groups were decided on the host (`GroupIndex.append(..., groups=)`) "
-                  "off / on; `host-paths`: the host-side one-token routing of 67bebdf off / on.", "",
+                  "group index given the groups decided on the host (`GroupIndex.append(..., groups=)`) off / on; "
+                  "`host-paths`: the host-side one-token routing of 67bebdf off / on.", "",
                   "| change | adapter | top-k | T | original ms | old ms (×) | new ms (×) | same next token |",
                   "|---|---|---|---|---|---|---|---|"]
         rows = _load(ab)["rows"]
