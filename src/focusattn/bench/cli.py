@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     m.add_argument("--capacity", type=float, default=None,
                    help="override the adapter's group-size cap at hard top-k: a multiple of the balanced share, e.g. 1.5 "
                         "(FocusConfig.capacity; 0 = off)")
+    m.add_argument("--window", type=int, default=None,
+                   help="override the adapter's local window (FocusConfig.window, tokens)")
     m.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
     m.add_argument("--out", required=True, help="folder for model_bench.json and its plot")
     m.set_defaults(func=_model_handler)
@@ -120,6 +122,7 @@ def _model_handler(args) -> int:
                           top_ks=_ints(args.top_k), data=args.data, repeats=args.repeats,
                           decode_tokens=args.decode_tokens, threads=args.threads, rebalance=args.rebalance,
                           rebalance_warm=args.rebalance_warm, dense_heads=args.dense_heads, capacity=args.capacity,
+                          window=args.window,
                           command=getattr(args, "command_line", None), decode_lengths=_ints(args.decode_lengths))
     print(render_model_markdown(doc))
     print(f"wrote {args.out}/model_bench.json and {args.out}/model_bench.png")

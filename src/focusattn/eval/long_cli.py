@@ -43,6 +43,9 @@ def register(sub) -> None:
     p.add_argument("--capacity", type=float, default=None,
                    help="override the adapter's group-size cap at hard top-k: a multiple of the balanced share, e.g. 1.5 "
                         "(FocusConfig.capacity; 0 = off)")
+    p.add_argument("--window", type=int, default=None,
+                   help="override the adapter's local window (FocusConfig.window, tokens); the baselines match the "
+                        "budget it then keeps")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
     p.add_argument("--out", required=True, help="folder for long_eval.json")
     p.set_defaults(func=_run)
@@ -75,7 +78,8 @@ def _run(a) -> int:
                         ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
                         ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth, repeat_n=a.repeat_n,
                         variants=variants, threads=a.threads, rebalance=a.rebalance, rebalance_warm=a.rebalance_warm,
-                        dense_heads=a.dense_heads, capacity=a.capacity, recall_windows=a.recall_windows,
+                        dense_heads=a.dense_heads, capacity=a.capacity, window=a.window,
+                        recall_windows=a.recall_windows,
                         command=getattr(a, "command_line", None))
     print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
     return 0

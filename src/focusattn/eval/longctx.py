@@ -92,8 +92,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   passkey_per_depth: int = 1, repeat_n: int = 2, repeat_distance: int = 1024,
                   variants: tuple[str, ...] | None = None, threads: int | None = None,
                   rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None,
-                  capacity: float | None = None, recall_windows: int = 0, command: str | None = None,
-                  progress: bool = True) -> dict:
+                  capacity: float | None = None, window: int | None = None, recall_windows: int = 0,
+                  command: str | None = None, progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
     names (e.g. ``("original", "top1", "sliding@top1")``; None = all, unknown names are an error).
@@ -116,7 +116,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         if unknown:
             raise ValueError(f"unknown variant(s) {unknown}: allowed {known}")
     pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance,
-                     rebalance_warm=rebalance_warm, dense_heads=dense_heads, capacity=capacity)
+                     rebalance_warm=rebalance_warm, dense_heads=dense_heads, capacity=capacity,
+                     window=window)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}
