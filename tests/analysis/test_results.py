@@ -117,6 +117,9 @@ def test_pareto_names_the_serving_settings_a_command_added():
            "command": "focusattn long-eval --adapter runs/g2/adapter --rebalance-warm --capacity 1.5 --dense-heads x"}
     assert _adapter_name(doc) == "runs/g2 +warm +cap 1.5 +2 dense heads"
     assert _adapter_name({**doc, "command": "focusattn long-eval --adapter runs/g2/adapter"}) == "runs/g2"
+    wide = {**doc, "focus_config": {**cfg, "window": 512},
+            "command": "focusattn long-eval --adapter runs/g2/adapter --window 512"}
+    assert _adapter_name(wide) == "runs/g2 +window 512"
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):
