@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve bench-short python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window bench-short python-docs
 
 setup: $(STAMP)
 
@@ -485,6 +485,24 @@ routing-mlp: $(STAMP) python-docs
 	$(PY) scripts/router_recall.py --adapters smollm2-135m-focus-g2 $(patsubst %,$(ROUTE)/%/adapter,$(ROUTE_RUNS)) \
 		--names g2 $(ROUTE_RUNS) --corpora shakespeare lee-news python-code --windows 2 \
 		--out docs/results/router_recall.json
+	$(MAKE) results
+
+# The shipped g2 served with a wider local window at 8192 (FocusConfig.window overridden at serve time, --window):
+# does the routing beyond a wider window beat the DuoAttention-style mask at the budget it then keeps? Two
+# long-evals on one core each (~90 min together), then the whole model's speed at 512 on a quiet machine (~7 min).
+ROUTING_WINDOWS ?= 256 512
+routing-window: $(STAMP)
+	for w in $(ROUTING_WINDOWS); do \
+		$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 --window $$w $(LE_8K_BASE) \
+			--baselines sliding,duo,oracle --variants original,top1,sliding@top1,duo@top1,oracle@top1 \
+			--out $(ROUTE)/le_g2_w$${w}_8k > $(ROUTE)/le_g2_w$$w.log 2>&1 & \
+	done; wait
+	for w in $(ROUTING_WINDOWS); do \
+		cp $(ROUTE)/le_g2_w$${w}_8k/long_eval.json docs/results/long_eval_g2_w$${w}_8k.json; done
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 --window 512 --lengths 8192 --top-k 1 \
+		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2_w512
+	cp $(ROUTE)/bm_g2_w512/model_bench.json docs/results/model_bench_g2_w512.json
+	cp $(ROUTE)/bm_g2_w512/model_bench.png docs/results/model_bench_g2_w512.png
 	$(MAKE) results
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and
