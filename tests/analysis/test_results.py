@@ -120,6 +120,9 @@ def test_pareto_names_the_serving_settings_a_command_added():
     wide = {**doc, "focus_config": {**cfg, "window": 512},
             "command": "focusattn long-eval --adapter runs/g2/adapter --window 512"}
     assert _adapter_name(wide) == "runs/g2 +window 512"
+    bare = {**wide, "focus_config": {**wide["focus_config"], "dense_heads": []},
+            "command": wide["command"] + " --dense-heads none"}
+    assert _adapter_name(bare) == "runs/g2 +window 512 +0 dense heads"  # never merged with the adapter's own rows
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):

@@ -30,7 +30,7 @@ def _adapter_name(doc: dict) -> str:
     name = f"{name} +cap {cfg['capacity']:g}" if cfg.get("capacity") and "--capacity" in cmd else name
     name = f"{name} +window {cfg['window']}" if "--window" in cmd else name
     heads = cfg.get("dense_heads") or ()
-    return f"{name} +{len(heads)} dense heads" if heads and "--dense-heads" in cmd else name
+    return f"{name} +{len(heads)} dense heads" if "--dense-heads" in cmd else name  # "+0": served without
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
