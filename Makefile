@@ -489,7 +489,8 @@ routing-mlp: $(STAMP) python-docs
 
 # The shipped g2 served with a wider local window at 8192 (FocusConfig.window overridden at serve time, --window):
 # does the routing beyond a wider window beat the DuoAttention-style mask at the budget it then keeps? Two
-# long-evals on one core each (~90 min together), then the whole model's speed at 512 on a quiet machine (~7 min).
+# long-evals on one core each (~90 min together), the same without the dense heads (perplexity and probes, ~25 min),
+# then the whole model's speed at 512 on a quiet machine (~7 min).
 ROUTING_WINDOWS ?= 256 512
 routing-window: $(STAMP)
 	for w in $(ROUTING_WINDOWS); do \
@@ -499,6 +500,13 @@ routing-window: $(STAMP)
 	done; wait
 	for w in $(ROUTING_WINDOWS); do \
 		cp $(ROUTE)/le_g2_w$${w}_8k/long_eval.json docs/results/long_eval_g2_w$${w}_8k.json; done
+	for w in 384 512; do \
+		$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 --window $$w --dense-heads none \
+			$(LE_8K_BASE) --recall-windows 0 --baselines sliding --variants original,top1,sliding@top1 \
+			--out $(ROUTE)/le_g2_w$${w}_nodense_8k > $(ROUTE)/le_g2_w$${w}_nodense.log 2>&1 & \
+	done; wait
+	for w in 384 512; do cp $(ROUTE)/le_g2_w$${w}_nodense_8k/long_eval.json \
+		docs/results/long_eval_g2_w$${w}_nodense_8k.json; done
 	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 --window 512 --lengths 8192 --top-k 1 \
 		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2_w512
 	cp $(ROUTE)/bm_g2_w512/model_bench.json docs/results/model_bench_g2_w512.json
