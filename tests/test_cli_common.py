@@ -168,6 +168,31 @@ def test_computing_commands_take_threads(cmd):
     assert any(a.dest == "threads" for a in _subparsers()[cmd]._actions)
 
 
+@pytest.mark.parametrize("cmd", ["long-eval", "bench-model"])
+def test_serving_commands_pass_every_override_to_the_pair_loader(cmd, monkeypatch):
+    """``long-eval`` and ``bench-model`` take the same serve-time overrides and hand each one, by its load_pair
+    name, to the run they start (None where the flag is absent: the adapter's own)."""
+    import inspect
+
+    from focusattn._cli_common import SERVE_OVERRIDES, serve_overrides
+    from focusattn.hf.pair import load_pair
+
+    assert set(SERVE_OVERRIDES) <= set(inspect.signature(load_pair).parameters)
+    argv = [cmd, "--adapter", "a", "--out", "o", "--rebalance", "128", "--no-rebalance-warm", "--capacity", "1.5",
+            "--window", "512", "--dense-heads", "none"]
+    a = build_parser().parse_args(argv)
+    assert serve_overrides(a) == {"rebalance": 128, "rebalance_warm": False, "capacity": 1.5, "window": 512,
+                                  "dense_heads": "none"}
+    got = {}
+    target = "focusattn.eval.longctx.run_long_eval" if cmd == "long-eval" else "focusattn.bench.model.run_model_bench"
+    monkeypatch.setattr(target, lambda *x, **k: got.update(k) or {"results": []})
+    monkeypatch.setattr("focusattn.bench.report.render_model_markdown", lambda doc: "")
+    a.func(a)
+    assert {k: got[k] for k in SERVE_OVERRIDES} == serve_overrides(a)
+    bare = build_parser().parse_args([cmd, "--adapter", "a", "--out", "o"])
+    assert set(serve_overrides(bare).values()) == {None}
+
+
 def test_each_default_is_printed_once():
     text = _subparsers()["retrofit"].format_help()
     block = text[text.rindex("--eval-top-k"):text.rindex("--checkpoint-every")]  # the options, not the usage

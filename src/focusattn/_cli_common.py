@@ -207,7 +207,7 @@ def check_shared(args: argparse.Namespace) -> None:
 
 __all__ = ["HelpFormatter", "adapter_groups", "check_int", "check_lengths", "check_long_eval",
            "check_names", "check_shared", "check_top_ks", "ints", "model_positions",
-           "set_threads"]
+           "add_serve_overrides", "serve_overrides", "set_threads"]
 
 
 # --dense-heads, shared by the commands that serve an adapter (hf.heads.parse_dense_heads reads it)
@@ -215,3 +215,30 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
                     "or scored on repeated random tokens at load: 'induction:N' (the N KV heads that attend most "
                     "to the token after the earlier occurrence), 'duplicate:M' (to the earlier occurrence itself) "
                     "or 'induction:N+duplicate:M'")
+
+
+SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "dense_heads")
+
+
+def add_serve_overrides(p) -> None:
+    """The inference-time choices ``long-eval`` and ``bench-model`` may serve an adapter with instead of its own
+    (no retraining), one set of flags for both; :func:`serve_overrides` reads them back."""
+    import argparse
+
+    p.add_argument("--rebalance", type=int, default=None,
+                   help="override the adapter's online rebalancing interval (tokens; 0 = off)")
+    p.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
+                   help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
+    p.add_argument("--capacity", type=float, default=None,
+                   help="override the adapter's group-size cap at hard top-k: a multiple of the balanced share, "
+                        "e.g. 1.5 (FocusConfig.capacity; 0 = off)")
+    p.add_argument("--window", type=int, default=None,
+                   help="override the adapter's local window (FocusConfig.window, tokens); budget-matched "
+                        "baselines match the budget it then keeps")
+    p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
+
+
+def serve_overrides(a) -> dict:
+    """The flags of :func:`add_serve_overrides` as the keyword arguments of :func:`hf.pair.load_pair` (None = the
+    adapter's own)."""
+    return {k: getattr(a, k) for k in SERVE_OVERRIDES}

@@ -1,9 +1,7 @@
 """``focusattn bench``: parse, call :func:`run_kernel_bench`, print where the results went."""
 from __future__ import annotations
 
-import argparse
-
-from .._cli_common import DENSE_HEADS_HELP
+from .._cli_common import add_serve_overrides, serve_overrides
 from .common import ROUTINGS
 from .decode import run_decode_bench
 from .prefill import run_kernel_bench
@@ -58,16 +56,7 @@ def register(subparsers) -> None:
     m.add_argument("--decode-lengths", nargs="+", default=[],
                    help="further contexts timed for the decode step only (one prefill per variant, no repeats)")
     m.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    m.add_argument("--rebalance", type=int, default=None,
-                   help="override the adapter's online rebalancing interval (tokens; 0 = off)")
-    m.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
-                   help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
-    m.add_argument("--capacity", type=float, default=None,
-                   help="override the adapter's group-size cap at hard top-k: a multiple of the balanced share, e.g. 1.5 "
-                        "(FocusConfig.capacity; 0 = off)")
-    m.add_argument("--window", type=int, default=None,
-                   help="override the adapter's local window (FocusConfig.window, tokens)")
-    m.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
+    add_serve_overrides(m)
     m.add_argument("--out", required=True, help="folder for model_bench.json and its plot")
     m.set_defaults(func=_model_handler)
 
@@ -120,9 +109,7 @@ def _model_handler(args) -> int:
 
     doc = run_model_bench(args.out, model=args.model, adapter=args.adapter, lengths=_ints(args.lengths),
                           top_ks=_ints(args.top_k), data=args.data, repeats=args.repeats,
-                          decode_tokens=args.decode_tokens, threads=args.threads, rebalance=args.rebalance,
-                          rebalance_warm=args.rebalance_warm, dense_heads=args.dense_heads, capacity=args.capacity,
-                          window=args.window,
+                          decode_tokens=args.decode_tokens, threads=args.threads, **serve_overrides(args),
                           command=getattr(args, "command_line", None), decode_lengths=_ints(args.decode_lengths))
     print(render_model_markdown(doc))
     print(f"wrote {args.out}/model_bench.json and {args.out}/model_bench.png")

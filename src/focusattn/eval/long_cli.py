@@ -1,9 +1,7 @@
 """``focusattn long-eval``: long-context quality of an adapter vs the original model and the sparse baselines."""
 from __future__ import annotations
 
-import argparse
-
-from .._cli_common import DENSE_HEADS_HELP, HelpFormatter
+from .._cli_common import HelpFormatter, add_serve_overrides, serve_overrides
 
 
 def _ints(values) -> tuple[int, ...]:
@@ -36,17 +34,7 @@ def register(sub) -> None:
                    help="attention recall: the share of the original model's distant attention each mask drops, "
                         "per layer and head, on this many held-out windows per split and length (0 = off)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--rebalance", type=int, default=None,
-                   help="override the adapter's online rebalancing interval (tokens; 0 = off)")
-    p.add_argument("--rebalance-warm", action=argparse.BooleanOptionalAction, default=None,
-                   help="override the adapter's warm-started rebalancing (FocusConfig.rebalance_warm)")
-    p.add_argument("--capacity", type=float, default=None,
-                   help="override the adapter's group-size cap at hard top-k: a multiple of the balanced share, e.g. 1.5 "
-                        "(FocusConfig.capacity; 0 = off)")
-    p.add_argument("--window", type=int, default=None,
-                   help="override the adapter's local window (FocusConfig.window, tokens); the baselines match the "
-                        "budget it then keeps")
-    p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
+    add_serve_overrides(p)
     p.add_argument("--out", required=True, help="folder for long_eval.json")
     p.set_defaults(func=_run)
 
@@ -77,9 +65,7 @@ def _run(a) -> int:
                         soft=not a.no_soft, baselines=baselines, data=a.data,
                         ood_data=None if a.ood_data == "none" else a.ood_data, ppl_windows=a.ppl_windows,
                         ppl_max_len=a.ppl_max_len, passkey_per_depth=a.passkey_per_depth, repeat_n=a.repeat_n,
-                        variants=variants, threads=a.threads, rebalance=a.rebalance, rebalance_warm=a.rebalance_warm,
-                        dense_heads=a.dense_heads, capacity=a.capacity, window=a.window,
-                        recall_windows=a.recall_windows,
+                        variants=variants, threads=a.threads, recall_windows=a.recall_windows, **serve_overrides(a),
                         command=getattr(a, "command_line", None))
     print(f"wrote {a.out}/long_eval.json ({len(doc['results'])} rows)")
     return 0
