@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window bench-short python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys bench-short python-docs
 
 setup: $(STAMP)
 
@@ -511,6 +511,26 @@ routing-window: $(STAMP)
 		--repeats 1 --decode-tokens 8 --threads 1 --out $(ROUTE)/bm_g2_w512
 	cp $(ROUTE)/bm_g2_w512/model_bench.json docs/results/model_bench_g2_w512.json
 	cp $(ROUTE)/bm_g2_w512/model_bench.png docs/results/model_bench_g2_w512.png
+	$(MAKE) results
+
+# Routing in the layer's own key space (issue 22): the k-means baseline at the shipped g2's budget per query, long-
+# evaluated at 2048 and 8192 (~10 and ~45 min on one core), and scripts/key_clusters_probe.py beside g2 and the
+# oracle with centroids fitted per sequence or once on training text (~15 min with perplexity at 2048, ~25 min at
+# 8192 without).
+routing-keys: $(STAMP)
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 --lengths 2048 --ppl-windows 2 \
+		--recall-windows 2 --passkey-per-depth 1 --repeat-n 1 --no-soft --top-k 1 --threads 1 \
+		--baselines kmeans,oracle --variants kmeans@top1 --out $(ROUTE)/le_g2_kmeans_2k \
+		> $(ROUTE)/le_g2_kmeans_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter smollm2-135m-focus-g2 $(LE_8K_BASE) \
+		--baselines kmeans,oracle --variants kmeans@top1 --out $(ROUTE)/le_g2_kmeans_8k \
+		> $(ROUTE)/le_g2_kmeans_8k.log 2>&1 & wait
+	cp $(ROUTE)/le_g2_kmeans_2k/long_eval.json docs/results/long_eval_g2_kmeans.json
+	cp $(ROUTE)/le_g2_kmeans_8k/long_eval.json docs/results/long_eval_g2_8k_kmeans.json
+	$(PY) scripts/key_clusters_probe.py --length 2048 --windows 2 --fit-windows 2 --clusters 64 256 --ppl \
+		--out docs/results/key_clusters_2k.json
+	$(PY) scripts/key_clusters_probe.py --length 8192 --windows 1 --fit-windows 1 --clusters 256 \
+		--corpora shakespeare lee-news --out docs/results/key_clusters_8k.json
 	$(MAKE) results
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and

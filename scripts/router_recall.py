@@ -14,7 +14,6 @@ and the same attention, so the differences are the routings'.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -36,7 +35,7 @@ def main() -> None:
         raise SystemExit(f"--names: {len(names)} names for {len(args.adapters)} adapters")
     torch.set_num_threads(1)
     import focusattn as fa
-    from focusattn._io import atomic_path
+    from focusattn._io import write_json
     from focusattn.data.corpora import load_corpus
     from focusattn.data.tokens import eval_windows, tokenize
     from focusattn.eval.recall import measure_recall
@@ -73,8 +72,7 @@ def main() -> None:
            "windows": args.windows, "trained_on": "shakespeare+python-docs", "rows": rows,
            "seconds": round(time.time() - t0, 1)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(Path(args.out)) as tmp:
-        tmp.write_text(json.dumps(out, indent=1))
+    write_json(args.out, out)  # atomic: a crash leaves no half-written file
     print("wrote", args.out)
 
 

@@ -137,3 +137,25 @@ def test_refresh_card_rewrites_only_the_measured_tables(tmp_path):
     assert f"{bench['results'][-1]['prefill_s']:.2f}" in card
     with pytest.raises(ValueError, match="needs --long-eval and/or --model-bench"):
         refresh_card("tiny-focus-k4", dest=tmp_path / "pkg")
+
+
+def test_refresh_card_merges_several_long_evals_and_renames_older_kmeans_rows(tmp_path):
+    """A baseline re-measured in its own run joins the adapter's rows in the card; k-means rows of the older rule
+    (not at the router's budget) are shown as ``kmeans-share``, never as the baseline at the same budget."""
+    from focusattn.analysis.model_card import refresh_card
+    from focusattn.eval.longctx import KMEANS_RULE
+
+    out = ship_adapter(_run_dir(tmp_path), "tiny-focus-k4", dest=tmp_path / "pkg")
+    cfg = {"num_groups": 4}
+    old = {"adapter": "tiny", "focus_config": cfg, "command": "focusattn long-eval --adapter tiny", "results": [
+        {"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 10.0},
+        {"T": 64, "variant": "top1", "ppl_domain": 11.0, "ppl_ood": 11.0, "budget_pairs_kept": 0.5},
+        {"T": 64, "variant": "kmeans@top1", "ppl_domain": 19.0, "ppl_ood": 19.0, "budget_pairs_kept": 0.5}]}
+    new = {"adapter": "tiny", "focus_config": cfg, "command": "focusattn long-eval --adapter tiny --baselines kmeans",
+           "kmeans_rule": KMEANS_RULE, "results": [
+               {"T": 64, "variant": "kmeans@top1", "ppl_domain": 10.5, "ppl_ood": 10.5, "budget_pairs_kept": 0.5}]}
+    for name, doc in (("old.json", old), ("new.json", new)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    refresh_card("tiny-focus-k4", long_eval=[tmp_path / "old.json", tmp_path / "new.json"], dest=tmp_path / "pkg")
+    card = (out / "README.md").read_text()
+    assert "| kmeans-share@top1 | 19.00 (+90.0%)" in card and "| kmeans@top1 | 10.50 (+5.0%)" in card

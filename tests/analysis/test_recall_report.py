@@ -26,6 +26,15 @@ def test_recall_tables_and_plot(tmp_path):
     assert "Not yet measured" in render_recall([{"adapter": "a", "results": []}])
 
 
+def test_a_second_run_of_the_same_configuration_gets_its_own_plot(tmp_path):
+    """A re-measured baseline (a second long_eval.json of the same adapter and length) never overwrites the first
+    run's per-layer plot."""
+    doc = _doc()
+    text = recall_section([doc, doc], tmp_path)
+    assert "results/recall_runs-x_30_domain.png" in text and "results/recall_runs-x_30_domain_2.png" in text
+    assert (tmp_path / "recall_runs-x_30_domain_2.png").stat().st_size > 0
+
+
 def test_global_keys_table():
     from focusattn.analysis.recall_report import render_global_keys
 

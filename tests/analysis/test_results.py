@@ -178,3 +178,40 @@ def test_a_longer_runs_curves_render_from_its_metrics_beside_it(tmp_path):
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "### Longer sequences: `long_x`" in text and "| 0 | 50.0% |" in text and "| 2 | 55.0% | — | 50.0% |" in text
     assert (tmp_path / "retrofit_long_x.curves.png").exists() and "results/retrofit_long_x.curves.png" in text
+
+
+def test_kmeans_rows_of_the_older_rule_are_renamed_and_leave_the_decision_table():
+    """long_eval.json written before the k-means baseline kept the router's budget (a fixed share of 8 clusters,
+    a tenth of its keys) must not stand in README's table as "k-means keys, same budget"."""
+    from focusattn.analysis.pareto import render_decision_table
+    from focusattn.eval.longctx import KMEANS_RULE, budget_matched
+
+    rows = [{"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 10.0},
+            {"T": 64, "variant": "top1", "ppl_domain": 11.0, "ppl_ood": 11.0, "budget_pairs_kept": 0.5},
+            {"T": 64, "variant": "kmeans@top1", "ppl_domain": 15.0, "ppl_ood": 15.0, "budget_pairs_kept": 0.5}]
+    lay = {"masks": {"top1": {"dropped_distant": 0.3}, "kmeans@top1": {"dropped_distant": 0.7}}}
+    old = {"adapter": "runs/a/adapter", "focus_config": {"num_groups": 8}, "results": rows,
+           "recall": [{"T": 64, "split": "domain", "overall": lay, "layers": [lay]}]}
+    renamed = budget_matched(old)
+    assert [r["variant"] for r in renamed["results"]] == ["original", "top1", "kmeans-share@top1"]
+    assert set(renamed["recall"][0]["overall"]["masks"]) == {"top1", "kmeans-share@top1"}
+    assert set(renamed["recall"][0]["layers"][0]["masks"]) == {"top1", "kmeans-share@top1"}
+    assert old["results"][2]["variant"] == "kmeans@top1"  # the loaded document itself is left alone
+    assert "k-means" not in render_decision_table([renamed], [])
+    new = {**old, "kmeans_rule": KMEANS_RULE}
+    assert budget_matched(new) is new and "k-means keys" in render_decision_table([new], [])
+
+
+def test_key_clusters_section_renders_drop_keys_and_perplexity():
+    from focusattn.analysis.recall_report import render_key_clusters
+
+    def row(c, m, d, k, p):
+        return {"corpus": c, "mask": m, "dropped_distant": d, "keys_per_query": k, "ppl": p}
+
+    doc = {"command": "python scripts/key_clusters_probe.py --out x", "adapter": "g2", "length": 64, "windows": 1,
+           "fit": {"corpora": ["shakespeare"], "windows": 2, "seconds": 3.0},
+           "rows": [row("a", "top1", 0.35, 140, 11.0), row("a", "fitted64", 0.25, 150, 10.5),
+                    {"corpus": "a", "mask": "original", "ppl": 10.0}]}
+    text = render_key_clusters(doc)
+    assert "| top1 | 35.0% (140); +10.0% |" in text and "| fitted64 | 25.0% (150); +5.0% |" in text
+    assert "| original perplexity | 10.00 |" in text

@@ -89,18 +89,71 @@ def test_oracle_keep_counts_and_choice():
     assert keep[0, 1].tolist() == [True, True, True, False, False]  # 0.4, 0.3, 0.1 of the four distant
 
 
-def test_kmeans_routing_roles_and_budget():
+def test_kmeans_clusters_separate_blobs_and_score_queries():
     g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 4, 64, 8, generator=g), torch.randn(2, 2, 64, 8, generator=g)
-    mq, mk = R.kmeans_key_routing(q, k, 8, 3)
-    assert (mk.sum(-1) == 1).all() and (mq.sum(-1) == 3).all()
-    # keys separated into two far-apart blobs land in different clusters
-    k2 = torch.cat([torch.randn(1, 1, 32, 8, generator=g) + 20, torch.randn(1, 1, 32, 8, generator=g) - 20], 2)
-    _, mk2 = R.kmeans_key_routing(torch.randn(1, 1, 64, 8, generator=g), k2, 2, 1)
-    assert not (mk2[0, :32].float().mean(0) * mk2[0, 32:].float().mean(0)).any()
-    assert R.kmeans_query_top(8, 1) == 1 and R.kmeans_query_top(8, 2) == 4
-    mq3, mk3 = R.kmeans_key_routing(q[:, :, :3], k[:, :, :3], 8, 1)  # fewer keys than clusters
-    assert (mk3.sum(-1) == 1).all()
+    k = torch.cat([torch.randn(1, 1, 32, 8, generator=g) + 20, torch.randn(1, 1, 32, 8, generator=g) - 20], 2)
+    q = torch.randn(1, 2, 64, 8, generator=g)
+    cluster, scores = R.kmeans_key_clusters(q, k, 2)
+    assert cluster.shape == (1, 64) and scores.shape == (1, 64, 2)
+    assert len(set(cluster[0, :32].tolist())) == 1 and len(set(cluster[0, 32:].tolist())) == 1
+    assert cluster[0, 0] != cluster[0, 32]
+    cents = torch.stack([k[0, 0, :32].mean(0), k[0, 0, 32:].mean(0)])[cluster[0, [0, 32]]]
+    want = q[0].mean(0) @ cents.t()  # the KV group's mean query against each cluster's mean key
+    assert_close(scores[0], want, atol=1e-4, name="scores")
+    c2, s2 = R.kmeans_key_clusters(q, k, centroids=cents)  # given centroids are used as they are
+    assert torch.equal(c2[0], torch.tensor([0] * 32 + [1] * 32)) and torch.allclose(s2[0], want, atol=1e-4)
+    c3, _ = R.kmeans_key_clusters(q[:, :, :3], k[:, :, :3], 8)  # fewer keys than clusters
+    assert c3.shape == (1, 3)
+    assert R.kmeans_key_clusters(q, k)[1].shape[-1] == 64 // R.KMEANS_CLUSTER_KEYS  # one per 16 keys by default
+
+
+def _budget_reference(cluster, scores, want, window, sink):
+    """One query at a time: its distant keys per cluster, clusters by score, the one crossing the budget taken
+    when that lands nearer it."""
+    b, t = cluster.shape
+    keep = torch.zeros(b, t, t, dtype=torch.bool)
+    for bi in range(b):
+        for i in range(t):
+            distant = [j for j in range(sink, t) if i - j > window]
+            count = {c: sum(1 for j in distant if cluster[bi, j] == c) for c in range(scores.shape[-1])}
+            got, chosen = 0, set()
+            for c in sorted(count, key=lambda c: -float(scores[bi, i, c])):
+                w = int(want[bi, i])
+                if got >= w or (got + count[c] > w and got + count[c] - w > w - got):
+                    break
+                chosen.add(c)
+                got += count[c]
+            for j in distant:
+                keep[bi, i, j] = int(cluster[bi, j]) in chosen
+    return keep
+
+
+@settings(max_examples=25, deadline=None)
+@given(t=st.integers(1, 24), c=st.integers(1, 6), window=st.integers(0, 5), sink=st.integers(0, 2),
+       seed=st.integers(0, 10_000))
+def test_cluster_budget_keep_matches_the_one_query_reference(t, c, window, sink, seed):
+    g = torch.Generator().manual_seed(seed)
+    cluster = torch.randint(0, c, (2, t), generator=g)
+    scores = torch.randn(2, t, c, generator=g).double()  # distinct scores: one order
+    ref = torch.rand(2, t, t, generator=g) < 0.4
+    budget = lambda r0, r1, probs=None: ref[:, r0:r1]  # noqa: E731
+    keep = R.cluster_budget_keep(cluster, scores, budget, window=window, sink=sink)
+    got = torch.cat([keep(r0, min(t, r0 + 5)) for r0 in range(0, t, 5)], 1)
+    distant = R.pair_kinds(0, t, t, window, sink)[2]
+    want = _budget_reference(cluster, scores, (ref & distant).sum(-1), window, sink)
+    assert torch.equal(got, want)
+    assert not (got & ~distant).any()  # distant pairs only, causal
+
+
+def test_cluster_budget_keep_follows_the_budget():
+    # one key per cluster: the selection meets every query's budget exactly
+    t = 40
+    cluster = torch.arange(t)[None]
+    scores = torch.randn(1, t, t, generator=torch.Generator().manual_seed(1))
+    distant = R.pair_kinds(0, t, t, 4, 1)[2]
+    ref = distant[None] & (torch.rand(1, t, t, generator=torch.Generator().manual_seed(2)) < 0.3)
+    keep = R.cluster_budget_keep(cluster, scores, lambda r0, r1, probs=None: ref[:, r0:r1], window=4, sink=1)
+    assert torch.equal(keep(0, t).sum(-1), ref.sum(-1))
 
 
 def test_causal_probs_rows_match_reference():

@@ -145,7 +145,9 @@ def register(sub) -> None:
     s.add_argument("run", help="a `focusattn retrofit --out` folder (with --dense-heads: any adapter, e.g. a shipped "
                    "one's name)")
     s.add_argument("--name", default=None, help="e.g. smollm2-135m-focus-k8 (required unless --refresh-card)")
-    s.add_argument("--long-eval", default=None, help="long_eval.json of this adapter (`focusattn long-eval`)")
+    s.add_argument("--long-eval", nargs="+", default=None,
+                   help="long_eval.json of this adapter (`focusattn long-eval`); several merge their rows (e.g. a "
+                   "re-measured baseline beside the adapter's run)")
     s.add_argument("--model-bench", default=None, help="model_bench.json of this adapter (`focusattn bench-model`)")
     s.add_argument("--rebalance", type=int, default=None,
                    help="ship with this online-rebalancing interval in tokens (inference setting; 0 = off)")

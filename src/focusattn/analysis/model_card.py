@@ -12,6 +12,7 @@ from .._io import write_json, write_text
 from ..focus.config import FocusConfig
 from ..adapters import HERE
 from ..bench.report import render_model_markdown
+from ..eval.longctx import budget_matched
 from ..hf.io import CONFIG, WEIGHTS, verify_adapter
 from .pareto import render_pareto
 from .report import retrofit_table
@@ -23,17 +24,29 @@ def _need(path: Path, made_by: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _measured(le: dict | None, mb: dict | None) -> list[str]:
+def _paths(long_eval) -> list:
+    return [long_eval] if isinstance(long_eval, (str, Path)) else list(long_eval)
+
+
+def _long_evals(long_eval) -> list[dict] | None:
+    """One or more long_eval.json paths (a re-measured baseline beside the adapter's run: rows merge by
+    configuration), read with older k-means rows renamed (:func:`..eval.longctx.budget_matched`)."""
+    if not long_eval:
+        return None
+    return [budget_matched(_need(Path(p), "focusattn long-eval")) for p in _paths(long_eval)]
+
+
+def _measured(le: list[dict] | None, mb: dict | None) -> list[str]:
     """A card's measured tables (long-eval, model bench), as lines after its account of how it was made."""
     lines = []
-    if le is not None:
-        lines += ["", MEASURED[0], "", render_pareto([le], [mb] if mb else [])]
+    if le:
+        lines += ["", MEASURED[0], "", render_pareto(le, [mb] if mb else [])]
     if mb is not None:
         lines += ["", MEASURED[1], "", render_model_markdown(mb, plot_link="").replace("![model bench]()", "")]
     return lines
 
 
-def _finish(tmp: Path, out: Path, lines: list[str], le: dict | None, mb: dict | None) -> Path:
+def _finish(tmp: Path, out: Path, lines: list[str], le: list[dict] | None, mb: dict | None) -> Path:
     """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
     write_text(tmp / "README.md", "\n".join(lines + _measured(le, mb)) + "\n")
     if out.exists():
@@ -56,7 +69,7 @@ def refresh_card(name: str, *, long_eval=None, model_bench=None, dest: Path | No
         raise InputError("run", name, f"no shipped adapter card at {card}")
     lines = card.read_text().splitlines()
     head = next((i for i, line in enumerate(lines) if line in MEASURED), len(lines))
-    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     while head and not lines[head - 1].strip():
         head -= 1
@@ -87,7 +100,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     verify_adapter(run / "adapter")  # ship only a complete adapter whose tensors match its checksum
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8")
-    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     spec = None if dense_heads is None else parse_dense_heads(dense_heads)  # bad input fails before any work
     scored = None  # scored heads: measured on the run's model with these routers, before anything is written
@@ -197,7 +210,7 @@ def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "sm
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-k8-heads6")
     src = resolve(source)
-    le = _need(Path(long_eval), "focusattn long-eval") if long_eval else None
+    le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     m, _ = load_model(model)
     load_adapter(m, src)
@@ -219,6 +232,6 @@ def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "sm
              "```python", "import focusattn as fa", f'model, tok = fa.load_model("{model}")',
              f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
              "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} --dense-heads {dense_heads}"
-             + (f" --long-eval {long_eval}" if long_eval else "") + (f" --model-bench {model_bench}" if model_bench
-                                                                     else "") + "`"]
+             + (f" --long-eval {' '.join(map(str, _paths(long_eval)))}" if long_eval else "")
+             + (f" --model-bench {model_bench}" if model_bench else "") + "`"]
     return _finish(tmp, out, lines, le, mb)

@@ -130,7 +130,10 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
              "pairs in that share, and its random, untrained, k-means and oracle rows keep the same heads dense."]
     if any(r["variant"].startswith(("kmeans@", "oracle@")) for r in rows):
         notes[0] += (" K-means and oracle rows keep as many distant keys per query as the adapter's top-k (k-means: "
-                     "the matching share of its clusters).")
+                     "whole clusters of about 16 keys, in the order the query scores them, to the nearest cluster).")
+    if any(r["variant"].startswith("kmeans-share@") for r in rows):
+        notes[0] += (" `kmeans-share` rows: runs made before the k-means baseline kept the router's budget (a fixed "
+                     "share of 8 clusters, about a tenth of the router's distant keys per query).")
     if rec_t:
         notes[0] += (" Distant attention dropped: the share of the original model's attention on keys beyond the "
                      "window and sinks that the mask removes (domain / OOD, `long-eval --recall-windows`).")

@@ -21,7 +21,7 @@ def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = 
     head mean) and, per mask, the distant mass it drops, the distant keys it keeps per query and its drop over the
     oracle's at the same budget."""
     out = []
-    for d in long_docs:
+    for i, d in enumerate(long_docs):
         for rec in d.get("recall", []):
             o = rec["overall"]
             sh = o["share"]
@@ -37,7 +37,7 @@ def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = 
                 out.append(f"| {name} | {100 * m['dropped_distant']:.1f}% | {m['keys_per_query']:.0f} | "
                            f"{'—' if vs is None or name.startswith('oracle') else f'{vs:.2f}×'} |")
             out.append("")
-            link = (plot_links or {}).get(f"{_adapter_name(d)}:{rec['T']}:{rec['split']}")
+            link = (plot_links or {}).get(f"{i}:{rec['T']}:{rec['split']}")
             if link:
                 out += [f"![recall per layer]({link})", ""]
     if long_docs and any(d.get("command") for d in long_docs if d.get("recall")):
@@ -65,18 +65,23 @@ def plot_recall_layers(rec: dict, path, title: str = "") -> None:
 
 
 def recall_section(long_docs: list[dict], results_dir: Path) -> str:
-    """The RESULTS section: plots written beside the JSON (one per adapter and length, the first split), tables."""
-    links = {}
-    for d in long_docs:
+    """The RESULTS section: plots written beside the JSON (one per run and length, the first split; a second run of
+    the same configuration, e.g. a re-measured baseline, gets its own file), tables."""
+    links, taken = {}, set()
+    for i, d in enumerate(long_docs):
         seen = set()
         for rec in d.get("recall", []):
             if rec["T"] in seen:
                 continue
             seen.add(rec["T"])
             slug = re.sub(r"[^a-z0-9]+", "-", _adapter_name(d).lower()).strip("-")
-            png = f"recall_{slug}_{rec['T']}_{rec['split']}.png"
+            png, n = f"recall_{slug}_{rec['T']}_{rec['split']}.png", 1
+            while png in taken:
+                n += 1
+                png = f"recall_{slug}_{rec['T']}_{rec['split']}_{n}.png"
+            taken.add(png)
             plot_recall_layers(rec, results_dir / png, f"{_adapter_name(d)}, T={rec['T']}, {rec['split']}")
-            links[f"{_adapter_name(d)}:{rec['T']}:{rec['split']}"] = f"results/{png}"
+            links[f"{i}:{rec['T']}:{rec['split']}"] = f"results/{png}"
     return render_recall(long_docs, plot_links=links)
 
 
@@ -178,6 +183,42 @@ def render_router_recall(doc: dict) -> str:
         lines.append(f"| {m} | " + " | ".join(
             "—" if (c, m) not in cell else f"{100 * cell[c, m]['dropped_distant']:.1f}% "
             f"({cell[c, m]['keys_per_query']:.0f})" for c in corpora) + " |")
+    return "\n".join(lines)
+
+
+def render_key_clusters(doc: dict) -> str:
+    """``scripts/key_clusters_probe.py``: ClusterKV-style selection in each layer's own key space (centroids fitted
+    per sequence, or once on training text) at the served top-1 mask's budget per query, beside that mask and the
+    oracle: distant attention dropped, distant keys kept per query and, when measured, perplexity against the
+    original on the same windows."""
+    corpora = list(dict.fromkeys(r["corpus"] for r in doc["rows"]))
+    cell = {(r["corpus"], r["mask"]): r for r in doc["rows"]}
+    masks = [m for m in dict.fromkeys(r["mask"] for r in doc["rows"]) if m != "original"]
+    fit = doc["fit"]
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Adapter `{doc['adapter']}` at T = {doc['length']}, {doc['windows']} validation windows per register "
+             f"(the adapter was trained on Shakespeare and the Python docs); `fitted` centroids from "
+             f"{fit['windows']} training windows of each of {', '.join(fit['corpora'])} ({fit['seconds']:.0f} s). "
+             "Cells: distant attention dropped (distant keys kept per query)"
+             + ("; perplexity change against the original on the same windows." if any("ppl" in r for r in
+                                                                                         doc["rows"]) else "."),
+             "", "| mask | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
+
+    def show(c: str, m: str) -> str:
+        r = cell.get((c, m))
+        if r is None:
+            return "—"
+        out = f"{100 * r['dropped_distant']:.1f}% ({r['keys_per_query']:.0f})"
+        base = cell.get((c, "original"), {}).get("ppl")
+        if "ppl" in r and base:
+            out += f"; {100 * (r['ppl'] / base - 1):+.1f}%"
+        return out
+
+    for m in masks:
+        lines.append(f"| {m} | " + " | ".join(show(c, m) for c in corpora) + " |")
+    if any((c, "original") in cell for c in corpora):
+        lines.append("| original perplexity | " + " | ".join(
+            f"{cell[c, 'original']['ppl']:.2f}" if (c, "original") in cell else "—" for c in corpora) + " |")
     return "\n".join(lines)
 
 

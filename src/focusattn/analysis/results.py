@@ -9,11 +9,12 @@ from .._errors import InputError
 from .._io import read_jsonl, write_text
 from ..bench.report import render_markdown as bench_markdown
 from ..bench.report import render_model_markdown
+from ..eval.longctx import budget_matched
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..gpt.compare import render_markdown as lab_markdown
 from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
-from .recall_report import (recall_section, render_global_keys, render_partition_imitation,
+from .recall_report import (recall_section, render_global_keys, render_key_clusters, render_partition_imitation,
                             render_partition_oracle, render_roles, render_router_recall)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
@@ -72,7 +73,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
         raise InputError("results", str(d), "no such folder")
     parts = [HEADER]
     # Focus long-eval runs only: a Lazy adapter's (no routing, its own section) and the roles probe have other shapes
-    long_docs = [doc for doc in (_load(p) for p in sorted(d.glob("long_eval*.json"))) if "focus_config" in doc]
+    long_docs = [budget_matched(doc) for doc in (_load(p) for p in sorted(d.glob("long_eval*.json")))
+                 if "focus_config" in doc]
     bench_paths = sorted(d.glob("model_bench*.json"))
     bench_docs = [_load(p) for p in bench_paths]
     parts.append("## End to end: a trained adapter on the real model at long context\n")
@@ -147,6 +149,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          "(`scripts/router_recall.py`)", render_router_recall, {}, []),
         ("router_recall_imitation.json", "### Served top-1 masks of the routers that imitate fitted partitions, on "
          "three registers (`scripts/router_recall.py`)", render_router_recall, {}, []),
+        ("key_clusters_2k.json", "### Routing in the layer's own key space: k-means clusters at the router's "
+         "budget, T = 2048 (`scripts/key_clusters_probe.py`)", render_key_clusters, {}, []),
+        ("key_clusters_8k.json", "### Routing in the layer's own key space, T = 8192", render_key_clusters, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
          "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),

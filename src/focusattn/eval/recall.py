@@ -9,7 +9,8 @@ activations); every mask is evaluated on the same layer inputs and probabilities
 * ``oracle@top{k}``: per query as many distant keys as ``top{k}`` keeps for it, the most attended ones;
 * ``sliding@top{k}``: a wider window + sinks at the same share of causal pairs (given by the caller);
 * ``random@top{k}``, ``untrained@top{k}``: other routers (other composed models) on the same layer inputs;
-* ``kmeans@top{k}``: k-means over the layer's keys (:func:`..kernels.recall.kmeans_key_routing`).
+* ``kmeans@top{k}``: k-means over the layer's keys, each query's clusters filled to ``top{k}``'s budget for it
+  (:func:`..kernels.recall.kmeans_key_clusters`, :func:`..kernels.recall.cluster_budget_keep`).
 
 Distant mass dropped by a mask over the oracle's says how much of a quality gap is the routing, not the budget.
 """
@@ -19,20 +20,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..hf.probe import served_keep
 from ..kernels import recall as R
-
-
-def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -> R.KeepFn:
-    """The distant pairs ``router`` serves at hard top-``k`` on layer input ``h`` (whatever top-k its config
-    serves): a shared group, or a global key. ``key_top_k``: query and key roles (query top-``k``, key
-    top-``key_top_k``: the query's groups meet the key's). A router with its own query projection
-    (``cfg.query_proj``) serves its queries' top-1 only, so ``k`` must be 1."""
-    if router.cfg.query_proj and k != 1:
-        raise ValueError(f"top_k={k}: a router with query_proj=True serves query top-1 only; allowed top_k=1")
-    routing = router.served(h, k, key_top_k)
-    if routing.query_membership is not None:
-        return R.shared_group_keep(routing.query_membership, routing.membership, global_keys=routing.global_keys)
-    return R.shared_group_keep(routing.membership, global_keys=routing.global_keys)
 
 
 @torch.no_grad()
@@ -60,16 +49,18 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
     totals: list[dict | None] = [None] * len(own)
 
     def per_layer(layer, module, h, q, k, scale, softcap):
-        masks, oracle_of = {}, []
+        masks, oracle_of, clusters = {}, [], None
         for kk in top_ks:
             masks[f"top{kk}"] = served_keep(own[layer], h, kk)
             if oracle:
                 oracle_of.append(f"top{kk}")
             for n, rs in other.items():
                 masks[f"{n}@top{kk}"] = served_keep(rs[layer], h, kk)
-            if kmeans:
-                mq, mk = R.kmeans_key_routing(q, k, cfg.num_groups, R.kmeans_query_top(cfg.num_groups, kk))
-                masks[f"kmeans@top{kk}"] = R.shared_group_keep(mq, mk)
+            if kmeans:  # at the same per-query budget as top-k
+                if clusters is None:
+                    clusters = R.kmeans_key_clusters(q, k)
+                masks[f"kmeans@top{kk}"] = R.cluster_budget_keep(*clusters, masks[f"top{kk}"], window=cfg.window,
+                                                                 sink=cfg.sink_tokens)
         for kk in roles:
             masks[f"top1key{kk}"] = served_keep(own[layer], h, 1, kk)
             if oracle:

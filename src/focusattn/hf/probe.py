@@ -131,6 +131,20 @@ def masked(model, rule: RuleFn):
     return _probing(model, MASKED, rule)
 
 
+def served_keep(router, h: torch.Tensor, k: int, key_top_k: int | None = None) -> recall.KeepFn:
+    """The distant pairs ``router`` serves at hard top-``k`` on layer input ``h`` (whatever top-k its config
+    serves): a shared group, or a global key. ``key_top_k``: query and key roles (query top-``k``, key
+    top-``key_top_k``: the query's groups meet the key's). A router with its own query projection
+    (``cfg.query_proj``) serves its queries' top-1 only, so ``k`` must be 1."""
+    if router.cfg.query_proj and k != 1:
+        raise ValueError(f"top_k={k}: a router with query_proj=True serves query top-1 only; allowed top_k=1")
+    routing = router.served(h, k, key_top_k)
+    if routing.query_membership is not None:
+        return recall.shared_group_keep(routing.query_membership, routing.membership,
+                                        global_keys=routing.global_keys)
+    return recall.shared_group_keep(routing.membership, global_keys=routing.global_keys)
+
+
 # -------------------------------------------------------------------------------------------- the baselines' rules
 def oracle_rule(top_k: int) -> RuleFn:
     """The oracle at top-k's budget: per query the same number of distant keys as the layer's own router keeps at
@@ -138,7 +152,7 @@ def oracle_rule(top_k: int) -> RuleFn:
 
     def rule(layer, module, h, q, k, scale, softcap):
         cfg = module.focus_router.cfg
-        served = recall.shared_group_keep(module.focus_router.served(h, top_k).membership)  # the cap included
+        served = served_keep(module.focus_router, h, top_k)  # the cap and the global keys included
         dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1], q.device)
 
         def keep(r0, r1, probs=None):
@@ -156,12 +170,15 @@ def oracle_rule(top_k: int) -> RuleFn:
 
 
 def kmeans_rule(top_k: int) -> RuleFn:
-    """k-means keys at top-k's budget (:func:`.recall.kmeans_key_routing`, :func:`.recall.kmeans_query_top`):
-    the router's K clusters, fitted per layer and input on the layer's own keys."""
+    """k-means keys at top-k's budget (ClusterKV's recipe: :func:`.recall.kmeans_key_clusters`,
+    :func:`.recall.cluster_budget_keep`): clusters of the layer's own keys fitted per input, each query taking the
+    clusters it scores highest until they hold as many distant keys as the layer's own router keeps for it at top-k
+    (same forward, same routing, the cap included)."""
 
     def rule(layer, module, h, q, k, scale, softcap):
-        kk = module.focus_router.cfg.num_groups
-        mq, mk = recall.kmeans_key_routing(q, k, kk, recall.kmeans_query_top(kk, top_k))
-        return recall.shared_group_keep(mq, mk)
+        cfg = module.focus_router.cfg
+        served = served_keep(module.focus_router, h, top_k)
+        cluster, scores = recall.kmeans_key_clusters(q, k)
+        return recall.cluster_budget_keep(cluster, scores, served, window=cfg.window, sink=cfg.sink_tokens)
 
     return rule

@@ -153,41 +153,84 @@ def summarize_recall(s: dict) -> dict:
     return out
 
 
-def kmeans_key_routing(q: torch.Tensor, k: torch.Tensor, num_groups: int, query_top: int, *, iters: int = 10,
-                       seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A training-free routing with separate query and key roles (ClusterKV's recipe): k-means over the layer's own
-    keys (its KV heads side by side, so one routing serves every head), each key in its nearest cluster, each query
-    in the ``query_top`` clusters whose centroid its KV-group-mean query scores highest. Returns bool memberships
-    ``(queries [B, T, K], keys [B, T, K])`` for :func:`shared_group_keep`.
+# Keys per k-means cluster of the k-means baseline (ClusterKV's clusters hold tens of keys): fine enough that a
+# query's selection can follow its own budget to within a fraction of a cluster.
+KMEANS_CLUSTER_KEYS = 16
 
-    The clusters are fitted on every key of the sequence, as ClusterKV fits them on a prompt's cache: a baseline of
-    what the keys' geometry alone can recall, not a causal routing.
-    """
+
+def _keys_side_by_side(k: torch.Tensor) -> torch.Tensor:
+    """Keys ``[B, Hkv, T, D]`` as ``[B, T, Hkv * D]`` (one routing serves every head of a layer)."""
     b, hkv, t, d = k.shape
-    kf = k.float().permute(0, 2, 1, 3).reshape(b, t, hkv * d)
-    qf = q.float().view(b, hkv, q.shape[1] // hkv, t, d).mean(2).permute(0, 2, 1, 3).reshape(b, t, hkv * d)
+    return k.float().permute(0, 2, 1, 3).reshape(b, t, hkv * d)
+
+
+def _group_mean_queries(q: torch.Tensor, hkv: int) -> torch.Tensor:
+    """Queries ``[B, Hq, T, D]`` as ``[B, T, Hkv * D]``: each KV head's query heads averaged (GQA), so a query
+    scores a key centroid as the mean of its heads' scores against it."""
+    b, hq, t, d = q.shape
+    return q.float().view(b, hkv, hq // hkv, t, d).mean(2).permute(0, 2, 1, 3).reshape(b, t, hkv * d)
+
+
+def fit_kmeans(x: torch.Tensor, num_clusters: int, *, iters: int = 10, seed: int = 0) -> torch.Tensor:
+    """Lloyd's k-means on the rows of ``x`` [N, D]; centroids ``[num_clusters, D]`` (seeded on random rows; with
+    fewer rows than clusters the duplicates are never nearest and stay where they are)."""
+    n = x.shape[0]
     gen = torch.Generator().manual_seed(seed)
-    mq = torch.zeros(b, t, num_groups, dtype=torch.bool, device=q.device)
-    mk = torch.zeros_like(mq)
-    for i in range(b):
-        x = kf[i]
-        pick = torch.randperm(t, generator=gen)[:num_groups] if t >= num_groups else torch.arange(num_groups) % t
-        c = x[pick.to(x.device)].clone()  # fewer keys than clusters: duplicates, never nearest, stay empty
-        for _ in range(iters):
-            a = torch.cdist(x, c).argmin(-1)
-            n = torch.bincount(a, minlength=num_groups).to(x.dtype)
-            s = torch.zeros_like(c).index_add_(0, a, x)
-            c = torch.where(n[:, None] > 0, s / n.clamp_min(1)[:, None], c)
-        mk[i].scatter_(-1, torch.cdist(x, c).argmin(-1, keepdim=True), True)
-        mq[i].scatter_(-1, (qf[i] @ c.t()).topk(min(query_top, num_groups), dim=-1).indices, True)
-    return mq, mk
+    pick = torch.randperm(n, generator=gen)[:num_clusters] if n >= num_clusters else torch.arange(num_clusters) % n
+    c = x[pick.to(x.device)].clone()
+    for _ in range(iters):
+        a = torch.cdist(x, c).argmin(-1)
+        cnt = torch.bincount(a, minlength=num_clusters).to(x.dtype)
+        s = torch.zeros_like(c).index_add_(0, a, x)
+        c = torch.where(cnt[:, None] > 0, s / cnt.clamp_min(1)[:, None], c)
+    return c
 
 
-def kmeans_query_top(num_groups: int, top_k: int) -> int:
-    """Query clusters of the k-means baseline matched to symmetric top-k: balanced top-k groups keep a share
-    ``1 - C(K-k, k) / C(K, k)`` of the distant pairs, k-means with one cluster per key and ``q`` per query keeps
-    ``q / K``; the closest ``q`` (at least 1)."""
-    from math import comb
+def kmeans_key_clusters(q: torch.Tensor, k: torch.Tensor, num_clusters: int | None = None, *,
+                        centroids: torch.Tensor | None = None, iters: int = 10,
+                        seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """ClusterKV's routing, with separate query and key roles: each key in its nearest k-means centroid of the
+    layer's own keys (its KV heads side by side), each query scoring every centroid with its KV-group-mean query
+    (the mean of its heads' logits against the cluster's mean key). Returns ``(cluster of each key [B, T] long,
+    query scores [B, T, C])`` for :func:`cluster_budget_keep`.
 
-    share = 1 - comb(num_groups - top_k, top_k) / comb(num_groups, top_k)
-    return max(1, min(num_groups, round(share * num_groups)))
+    Without ``centroids`` [C, Hkv * D] they are fitted per sequence on all its keys (``num_clusters``, default one
+    per :data:`KMEANS_CLUSTER_KEYS` keys), as ClusterKV fits them on a prompt's cache: what the keys' geometry alone
+    can recall, not a causal routing. Given ``centroids`` (fitted once, elsewhere), they are used as they are."""
+    kf, qf = _keys_side_by_side(k), _group_mean_queries(q, k.shape[1])
+    if centroids is None:
+        c_num = num_clusters or max(1, -(-k.shape[2] // KMEANS_CLUSTER_KEYS))
+        cs = torch.stack([fit_kmeans(kf[i], c_num, iters=iters, seed=seed) for i in range(kf.shape[0])])
+    else:
+        cs = centroids.to(kf)[None].expand(kf.shape[0], -1, -1)
+    return torch.cdist(kf, cs).argmin(-1), qf @ cs.transpose(-1, -2)
+
+
+def cluster_budget_keep(cluster: torch.Tensor, scores: torch.Tensor, budget: KeepFn, *, window: int,
+                        sink: int) -> KeepFn:
+    """ClusterKV's selection at another mask's budget, as a :data:`KeepFn`: per query, whole clusters in order of
+    its score, until they hold as many of its distant keys as ``budget`` keeps for it (the cluster that crosses it
+    is taken when that lands nearer the budget than stopping before it). ``cluster`` [B, T] long, ``scores``
+    [B, T, C]. Causal: a query counts only its own distant keys (beyond the window, after the sinks)."""
+    c_num = scores.shape[-1]
+    onehot = F.one_hot(cluster, c_num).to(torch.int32)  # [B, T, C]
+    # distant keys of query i in cluster c: keys sink <= j < i - window, i.e. a prefix count
+    prefix = F.pad(onehot.cumsum(1), (0, 0, 1, 0))  # [B, T + 1, C]: keys j < n
+    below_sink = prefix[:, min(sink, cluster.shape[1])]
+
+    def keep(r0: int, r1: int, probs=None) -> torch.Tensor:
+        t = cluster.shape[1]
+        distant = pair_kinds(r0, r1, t, window, sink, cluster.device)[2]
+        want = (budget(r0, r1, probs) & distant).sum(-1)  # [B, R]
+        upto = (torch.arange(r0, r1, device=cluster.device) - window).clamp(min=0, max=t)
+        counts = (prefix[:, upto] - below_sink[:, None]).clamp_min(0)  # [B, R, C]
+        order = scores[:, r0:r1].argsort(-1, descending=True)
+        cs = counts.gather(-1, order)
+        after = cs.cumsum(-1)
+        before = after - cs
+        w = want[..., None]
+        take = (before < w) & ((after <= w) | (after - w <= w - before))
+        sel = torch.zeros_like(take).scatter_(-1, order, take)
+        return sel.gather(-1, cluster[:, None, :].expand(-1, r1 - r0, -1)) & distant
+
+    return keep
