@@ -54,7 +54,7 @@ def main() -> None:
     from focusattn.focus.attend import dense_query_heads
     from focusattn.eval.perplexity import perplexity
     from focusattn.hf import focus_config, routers, set_top_k
-    from focusattn.hf.probe import capture, masked, oracle_rule, served_keep
+    from focusattn.hf.probe import capture, kmeans_rule, masked, oracle_rule, served_keep
     from focusattn.kernels import recall as R
 
     model, tok = fa.load_model(args.model)
@@ -80,16 +80,8 @@ def main() -> None:
     fit_s = time.time() - t0
     print(f"fitted {args.clusters} centroids per layer in {fit_s:.0f} s", flush=True)
 
-    def fitted_rule(c: int):
-        def rule(layer, module, h, q, k, scale, softcap):
-            cluster, scores = R.kmeans_key_clusters(q, k, centroids=cents[layer][c])
-            return R.cluster_budget_keep(cluster, scores, served_keep(module.focus_router, h, 1),
-                                         window=cfg.window, sink=cfg.sink_tokens)
-        return rule
-
-    def kmeans_rule(layer, module, h, q, k, scale, softcap):
-        return R.cluster_budget_keep(*R.kmeans_key_clusters(q, k), served_keep(module.focus_router, h, 1),
-                                     window=cfg.window, sink=cfg.sink_tokens)
+    rules = {"kmeans": kmeans_rule(1)}  # the same budget as the served top-1, query by query
+    rules |= {f"fitted{c}": kmeans_rule(1, {layer: cs[c] for layer, cs in cents.items()}) for c in args.clusters}
 
     def perplexities(windows: np.ndarray, corpus: str) -> dict[str, float]:
         """Every mask's perplexity on ``windows``: the original (a capture that records nothing), the served
@@ -100,9 +92,7 @@ def main() -> None:
         set_top_k(model, 1)
         out["top1"] = perplexity(model, windows, desc=f"{corpus} top1")["ppl"]
         set_top_k(model, None)
-        rules = {"kmeans": kmeans_rule, "oracle@top1": oracle_rule(1)} | {f"fitted{c}": fitted_rule(c)
-                                                                          for c in args.clusters}
-        for name, rule in rules.items():
+        for name, rule in (rules | {"oracle@top1": oracle_rule(1)}).items():
             with masked(model, rule):
                 out[name] = perplexity(model, windows, desc=f"{corpus} {name}")["ppl"]
         print(corpus, {n: round(v, 2) for n, v in out.items()}, flush=True)
@@ -114,14 +104,10 @@ def main() -> None:
         totals: list[dict | None] = [None] * len(own)
 
         def per_layer(layer, module, h, q, k, scale, softcap):
-            top1 = served_keep(own[layer], h, 1)
-            masks = {"top1": top1}
-            masks["kmeans"] = R.cluster_budget_keep(*R.kmeans_key_clusters(q, k), top1, window=cfg.window,
-                                                    sink=cfg.sink_tokens)
-            for c, cen in cents[layer].items():
+            masks = {"top1": served_keep(own[layer], h, 1)}
+            masks |= {name: rule(layer, module, h, q, k, scale, softcap) for name, rule in rules.items()}
+            for c, cen in cents[layer].items():  # the same centroids, a fixed number of clusters per query
                 cluster, scores = R.kmeans_key_clusters(q, k, centroids=cen)
-                masks[f"fitted{c}"] = R.cluster_budget_keep(cluster, scores, top1, window=cfg.window,
-                                                            sink=cfg.sink_tokens)
                 m = max(1, c // cfg.num_groups)
                 mq = torch.zeros(scores.shape, dtype=torch.bool).scatter_(-1, scores.topk(m, -1).indices, True)
                 masks[f"fitted{c}-top{m}"] = R.shared_group_keep(mq, torch.nn.functional.one_hot(cluster, c).bool())

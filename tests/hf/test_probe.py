@@ -64,7 +64,12 @@ def test_oracle_at_full_budget_is_the_original_and_kmeans_runs():
             oracle = focus(x).logits
         with probe.masked(focus, probe.kmeans_rule(1)):
             km = focus(x).logits
-    assert torch.isfinite(oracle).all() and torch.isfinite(km).all()
+        c = focus.config
+        d = c.num_key_value_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+        fixed = {i: torch.randn(3, d) for i in range(c.num_hidden_layers)}  # centroids fitted elsewhere
+        with probe.masked(focus, probe.kmeans_rule(1, fixed)):
+            km_fixed = focus(x).logits
+    assert torch.isfinite(oracle).all() and torch.isfinite(km).all() and torch.isfinite(km_fixed).all()
     assert not torch.allclose(oracle, base(x).logits, atol=1e-4)
 
 

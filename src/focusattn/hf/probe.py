@@ -169,16 +169,17 @@ def oracle_rule(top_k: int) -> RuleFn:
     return rule
 
 
-def kmeans_rule(top_k: int) -> RuleFn:
+def kmeans_rule(top_k: int, centroids: dict[int, torch.Tensor] | None = None) -> RuleFn:
     """k-means keys at top-k's budget (ClusterKV's recipe: :func:`.recall.kmeans_key_clusters`,
     :func:`.recall.cluster_budget_keep`): clusters of the layer's own keys fitted per input, each query taking the
     clusters it scores highest until they hold as many distant keys as the layer's own router keeps for it at top-k
-    (same forward, same routing, the cap included)."""
+    (same forward, same routing, the cap included). ``centroids``: layer -> centroids fitted elsewhere (e.g. once,
+    on training text), used as they are instead of a per-input fit."""
 
     def rule(layer, module, h, q, k, scale, softcap):
         cfg = module.focus_router.cfg
         served = served_keep(module.focus_router, h, top_k)
-        cluster, scores = recall.kmeans_key_clusters(q, k)
+        cluster, scores = recall.kmeans_key_clusters(q, k, centroids=None if centroids is None else centroids[layer])
         return recall.cluster_budget_keep(cluster, scores, served, window=cfg.window, sink=cfg.sink_tokens)
 
     return rule
