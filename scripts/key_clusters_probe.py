@@ -74,7 +74,7 @@ def main() -> None:
         train = tokenize(load_corpus(corpus), tok, tokenizer_id=args.model)[0]
         run(eval_windows(train, args.length, args.fit_windows),
             lambda layer, module, h, q, k, scale, softcap: keys.setdefault(layer, []).append(
-                k.float().permute(0, 2, 1, 3).reshape(-1, k.shape[1] * k.shape[3])))
+                R.keys_side_by_side(k).flatten(0, 1)))
     cents = {layer: {c: R.fit_kmeans(torch.cat(ks), c) for c in args.clusters} for layer, ks in keys.items()}
     del keys
     fit_s = time.time() - t0

@@ -196,9 +196,9 @@ def render_key_clusters(doc: dict) -> str:
     masks = [m for m in dict.fromkeys(r["mask"] for r in doc["rows"]) if m != "original"]
     fit = doc["fit"]
     lines = [f"Command: `{doc['command']}`", "",
-             f"Adapter `{doc['adapter']}` at T = {doc['length']}, {doc['windows']} validation windows per register "
-             f"(the adapter was trained on Shakespeare and the Python docs); `fitted` centroids from "
-             f"{fit['windows']} training windows of each of {', '.join(fit['corpora'])} ({fit['seconds']:.0f} s). "
+             f"Adapter `{doc['adapter']}` at T = {doc['length']}, {doc['windows']} validation windows per register; "
+             f"`fitted` centroids from {fit['windows']} windows of each of {', '.join(fit['corpora'])} (their train "
+             f"splits, {fit['seconds']:.0f} s). "
              "Cells: distant attention dropped (distant keys kept per query)"
              + ("; perplexity change against the original on the same windows." if any("ppl" in r for r in
                                                                                          doc["rows"]) else "."),

@@ -158,7 +158,7 @@ def summarize_recall(s: dict) -> dict:
 KMEANS_CLUSTER_KEYS = 16
 
 
-def _keys_side_by_side(k: torch.Tensor) -> torch.Tensor:
+def keys_side_by_side(k: torch.Tensor) -> torch.Tensor:
     """Keys ``[B, Hkv, T, D]`` as ``[B, T, Hkv * D]`` (one routing serves every head of a layer)."""
     b, hkv, t, d = k.shape
     return k.float().permute(0, 2, 1, 3).reshape(b, t, hkv * d)
@@ -197,7 +197,7 @@ def kmeans_key_clusters(q: torch.Tensor, k: torch.Tensor, num_clusters: int | No
     Without ``centroids`` [C, Hkv * D] they are fitted per sequence on all its keys (``num_clusters``, default one
     per :data:`KMEANS_CLUSTER_KEYS` keys), as ClusterKV fits them on a prompt's cache: what the keys' geometry alone
     can recall, not a causal routing. Given ``centroids`` (fitted once, elsewhere), they are used as they are."""
-    kf, qf = _keys_side_by_side(k), _group_mean_queries(q, k.shape[1])
+    kf, qf = keys_side_by_side(k), _group_mean_queries(q, k.shape[1])
     if centroids is None:
         c_num = num_clusters or max(1, -(-k.shape[2] // KMEANS_CLUSTER_KEYS))
         cs = torch.stack([fit_kmeans(kf[i], c_num, iters=iters, seed=seed) for i in range(kf.shape[0])])
