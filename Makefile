@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys bench-short python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace bench-short python-docs
 
 setup: $(STAMP)
 
@@ -531,6 +531,38 @@ routing-keys: $(STAMP)
 		--out docs/results/key_clusters_2k.json
 	$(PY) scripts/key_clusters_probe.py --length 8192 --windows 1 --fit-windows 1 --clusters 256 \
 		--corpora shakespeare lee-news --out docs/results/key_clusters_8k.json
+	$(MAKE) results
+
+# A served key-space router (issue 22; FocusConfig.router_input="keys"): centroids fitted by k-means on the frozen
+# model's keys (fit-keys, 1-2 min each) with g2's dense heads and window, budget 0.15: 256 and 64 centroids fitted
+# on 2048-token windows (long-evaluated at 2048, ~20 min each; their speed at 2048 and 8192 shows the 2048 fit
+# crowding keys into a few groups at 8192), then 256 fitted at 8192, the default (long-evaluated at 8192 and 2048,
+# ~35 and ~20 min), each bench-model ~8 min; at most two runs at once, one core each.
+KEYS_FIT := --budget 0.15 --dense-heads 7:2,8:0,14:1,15:2,17:1,18:2,20:2,23:0,23:2,24:1 --threads 1
+KEYS_RUN ?= $(RUNS)/keys
+LE_2K_KEYS := --lengths 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 1 --repeat-n 1 --no-soft \
+	--top-k 1 --threads 1
+BM_KEYS := --lengths 2048 8192 --top-k 1 --repeats 1 --decode-tokens 8 --threads 1
+routing-keyspace: $(STAMP)
+	$(VENV)/bin/focusattn fit-keys --groups 256 --length 2048 --windows 2 $(KEYS_FIT) --out $(KEYS_RUN)/k256
+	$(VENV)/bin/focusattn fit-keys --groups 64 --length 2048 --windows 2 $(KEYS_FIT) --out $(KEYS_RUN)/k64
+	$(VENV)/bin/focusattn fit-keys --groups 256 $(KEYS_FIT) --out $(KEYS_RUN)/k256L
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256/adapter $(LE_2K_KEYS) \
+		--baselines sliding,oracle,kmeans --out $(KEYS_RUN)/le_2k > $(KEYS_RUN)/le_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k64/adapter $(LE_2K_KEYS) \
+		--baselines duo,oracle --out $(KEYS_RUN)/le64_2k > $(KEYS_RUN)/le64_2k.log 2>&1 & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k256/adapter $(BM_KEYS) --out $(KEYS_RUN)/bm256
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k64/adapter $(BM_KEYS) --out $(KEYS_RUN)/bm64
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256L/adapter $(LE_8K_BASE) --baselines oracle \
+		--variants original,top1 --out $(KEYS_RUN)/leL_8k > $(KEYS_RUN)/leL_8k.log 2>&1 & \
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k256L/adapter $(BM_KEYS) --out $(KEYS_RUN)/bmL & wait
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256L/adapter $(LE_2K_KEYS) --baselines duo,oracle \
+		--out $(KEYS_RUN)/leL_2k
+	cp $(KEYS_RUN)/le_2k/long_eval.json docs/results/long_eval_keys256.json
+	cp $(KEYS_RUN)/le64_2k/long_eval.json docs/results/long_eval_keys64.json
+	cp $(KEYS_RUN)/leL_8k/long_eval.json docs/results/long_eval_keys256L_8k.json
+	cp $(KEYS_RUN)/leL_2k/long_eval.json docs/results/long_eval_keys256L.json
+	for b in 256 64 L; do cp $(KEYS_RUN)/bm$$b/model_bench.json docs/results/model_bench_keys$$b.json; done
 	$(MAKE) results
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and

@@ -199,3 +199,46 @@ def test_roles_on_cuda_match_the_reference(dtype, varlen_fn):
     assert_close(out.float(), ref, atol=tol, rtol=tol, name="out")
     for a, r, n in zip(ws, rs, "qkv"):
         assert_close(a.grad.float(), r.grad, atol=tol * 5, rtol=tol * 5, name=f"d{n}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), hkv=st.integers(1, 2), g=st.integers(1, 3),
+       tk=st.integers(2, 60), k_groups=st.integers(2, 9), query_top_k=st.integers(1, 9),
+       window=st.sampled_from([0, 1, 4, 70]), padded=st.booleans(), sink=st.sampled_from([0, 1, 3]),
+       softcap=st.sampled_from([None, None, 2.0]), chunk=st.sampled_from([None, 64]),
+       block=st.sampled_from([1, 7, 512]))
+def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g, tk, k_groups, query_top_k, window,
+                                                                padded, sink, softcap, chunk, block):
+    """Key top-1 with queries in many groups (the key-space router's form), no gradient: the batched engine
+    (decomposed.keyed; ``chunk`` forces many small batches, ``block`` many query blocks) equals the dense
+    reference, LSE included."""
+    from unittest import mock
+
+    from focusattn.kernels.decomposed import keyed
+
+    q, k, v, km, qm, kpm = _case(seed, b, hkv * g, hkv, tk, tk, k_groups, 1, padded=padded,
+                                 query_top_k=min(query_top_k, k_groups), inside=False)
+    kw = dict(sink=sink, softcap=softcap, key_padding_mask=kpm, query_membership=qm, return_lse=True)
+    want = dense_focus_attention(q, k, v, km, window, **kw)
+    with mock.patch.object(keyed, "CHUNK_SCORES", chunk or keyed.CHUNK_SCORES), \
+            mock.patch.object(keyed, "QUERY_BLOCK", block), \
+            mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy:
+        got = focus_attention(q, k, v, km, window, backend="decomposed", **kw)
+    _check(got, want, "keyed", atol=5e-5)
+    assert spy.called
+
+
+def test_keys_in_one_group_with_gradients_take_the_per_group_path():
+    """The batched engine has no backward: with a gradient the per-group parts run, exact in both directions."""
+    q, k, v, km, qm, kpm = _case(5, 2, 4, 2, 40, 40, 6, 1, padded=True, query_top_k=3, inside=False)
+    ws = [t.clone().requires_grad_() for t in (q, k, v)]
+    rs = [t.clone().requires_grad_() for t in (q, k, v)]
+    kw = dict(sink=1, key_padding_mask=kpm, query_membership=qm)
+    got = focus_attention(*ws, km, 3, backend="decomposed", **kw)
+    want = dense_focus_attention(*rs, km, 3, **kw)
+    assert_close(got, want, atol=2e-5, name="out")
+    cot = torch.randn_like(got)
+    (got * cot).sum().backward()
+    (want * cot).sum().backward()
+    for a, r, n in zip(ws, rs, "qkv"):
+        assert_close(a.grad, r.grad, atol=5e-5, name=f"d{n}")

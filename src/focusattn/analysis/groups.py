@@ -211,7 +211,10 @@ def _load_routed(model_spec: str, adapter: str, like=None):
     else:
         from ..adapters import resolve
 
-        read_adapter_config(resolve(adapter))  # a Lazy or LoRA adapter has no groups: named, one line
+        meta = read_adapter_config(resolve(adapter))  # a Lazy or LoRA adapter has no groups: named, one line
+        if meta["focus_config"].get("router_input", "hidden") == "keys":
+            raise ValueError(f"adapter {adapter} routes by the layer's keys (router_input='keys'): it has no soft groups "
+                             "to report; measure it with `focusattn long-eval --recall-windows N`")
         load_adapter(model, adapter)
     return model, tok
 

@@ -8,6 +8,7 @@ from ..kernels.backends import BACKENDS  # names defined by the layer that imple
 from ..kernels.soft import GATES
 
 ROUTINGS = ("causal", "sequence", "random")  # implemented by router.FocusRouter
+ROUTER_INPUTS = ("hidden", "keys")  # router.FocusRouter, key_router.KeyRouter
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,16 @@ class FocusConfig:
     global_rate: the share of tokens a learned scorer makes *global keys* (not in the paper): visible to every later
         query, like the sinks, chosen by each key's own layer input (causal). Measured reason: in SmolLM2 a few
         keys hold most of the attention paid beyond the window (docs/RESULTS.md, attention recall). 0 = off.
+    router_input: what a token is routed by. ``"hidden"`` (the paper): its layer input, through ``W_g`` onto learned
+        centroids. ``"keys"`` (not in the paper; ``focus.key_router.KeyRouter``): the layer's own keys and queries
+        after RoPE: each key joins its nearest of K centroids fitted on the layer's keys (its KV heads side by side;
+        ``group_dim`` is then that width, set by ``compose``), and each query takes groups in the order its
+        KV-group-mean query scores their centroids until they hold ``budget`` of its distant keys (key top-1, query
+        top-many: roles, no pair counted twice). Why: measured on held-out text, this keeps the distant attention a
+        query needs within 1.5x of the oracle at the same budget where the learned router drops 2-3x as much (docs/
+        DECISIONS.md, "Routing in the layer's own key space"). Hard routing only (``top_k=1``), causal.
+    budget: with ``router_input="keys"``, the share of each query's distant keys (beyond the window, after the sinks)
+        that its groups hold, in (0, 1]; 0 with ``"hidden"``.
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -93,6 +104,8 @@ class FocusConfig:
     capacity: float = 0.0
     global_rate: float = 0.0
     dense_heads: tuple[tuple[int, int], ...] = ()
+    router_input: str = "hidden"
+    budget: float = 0.0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -173,12 +186,29 @@ class FocusConfig:
         if heads is None or len(heads) != len(self.dense_heads):
             bad("dense_heads", "distinct (layer, kv_head) pairs of integers >= 0, e.g. ((17, 1), (18, 2))")
         object.__setattr__(self, "dense_heads", heads)
+        if self.router_input not in ROUTER_INPUTS:
+            bad("router_input", ROUTER_INPUTS)
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)):
+            bad("budget", "a float in (0, 1] with router_input='keys', else 0")
+        if self.router_input == "hidden" and self.budget != 0:
+            bad("budget", "0 with router_input='hidden' (the budget is the key-space router's; set router_input="
+                "'keys')")
+        if self.router_input == "keys":
+            if not 0 < self.budget <= 1:
+                bad("budget", "a float in (0, 1] with router_input='keys' (the share of each query's distant keys)")
+            if self.top_k != 1:
+                bad("top_k", "1 with router_input='keys' (each key in its nearest centroid; the queries' groups "
+                    "follow the budget; there is no soft gate)")
+            for name, off in (("routing", "causal"), ("key_top_k", None), ("query_proj", False), ("router_hidden", 0),
+                              ("rebalance", 0), ("capacity", 0), ("global_rate", 0)):
+                if getattr(self, name) != off:
+                    bad(name, f"{off!r} with router_input='keys' (the key-space router serves none other)")
 
     @property
     def roles(self) -> bool:
-        """Hard routing whose query and key memberships differ (an own query projection, or ``key_top_k`` set and
-        not equal to ``top_k``)."""
-        return self.top_k is not None and (self.query_proj
+        """Hard routing whose query and key memberships differ (an own query projection, the key-space router, or
+        ``key_top_k`` set and not equal to ``top_k``)."""
+        return self.top_k is not None and (self.query_proj or self.router_input == "keys"
                                            or (self.key_top_k is not None and self.key_top_k != self.top_k))
 
     def dense_kv_heads(self, layer: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ import logging
 import torch
 
 from ..focus.attend import attend, attend_one_token
+from ..focus.key_router import key_features
 from ..kernels.reference import relative_distance
 
 log = logging.getLogger("focusattn")
@@ -49,6 +50,8 @@ def focus_attention_forward(module, query, key, value, attention_mask, scaling=N
     if router is None:
         raise RuntimeError("attention implementation 'focus' is set but this layer has no router: use fa.compose()")
     h = module.focus_cache.take_hidden()
+    if router.cfg.router_input == "keys":  # the key-space router routes by the call's own keys and queries
+        h = key_features(query, key)
     if dropout and "dropout" not in _warned:
         _warned.add("dropout")
         log.warning("attention dropout %.2f is ignored by Focus attention", dropout)

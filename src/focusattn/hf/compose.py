@@ -10,6 +10,7 @@ import torch
 
 from ..focus.cache import RoutingCache
 from ..focus.config import FocusConfig
+from ..focus.key_router import KeyRouter
 from ..focus.router import FocusRouter, Routing
 from . import attention_fn
 from .specs import attention_modules
@@ -105,6 +106,12 @@ def kv_heads(model) -> int:
     return getattr(c, "num_key_value_heads", None) or c.num_attention_heads
 
 
+def key_width(model) -> int:
+    """A layer's keys side by side: ``Hkv * head_dim`` (the key-space router's centroid width)."""
+    c = model.config
+    return kv_heads(model) * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+
+
 def dense_share(model, layer: int) -> float:
     """The share of ``layer``'s heads served dense (``FocusConfig.dense_heads``): they keep every causal pair."""
     return len(focus_config(model).dense_kv_heads(layer)) / kv_heads(model)
@@ -128,9 +135,12 @@ def compose(model, cfg: FocusConfig | None = None):
     attention_fn.register()
     frozen = freeze(model)
     ref = next(model.parameters())
+    if cfg.router_input == "keys":  # the centroids live in the layer's key space: group_dim is its width
+        cfg = dataclasses.replace(cfg, group_dim=key_width(model))
     state = FocusState(cfg=cfg, original_impl=model.config._attn_implementation, requires_grad=frozen)
     for i, m in enumerate(modules):
-        router = FocusRouter(model.config.hidden_size, cfg).to(device=ref.device, dtype=torch.float32)
+        router = (KeyRouter(cfg.group_dim, cfg) if cfg.router_input == "keys" else
+                  FocusRouter(model.config.hidden_size, cfg)).to(device=ref.device, dtype=torch.float32)
         # add_module leaves a new module in training mode whatever its parent's mode: a router in training mode
         # updates its causal offsets on every forward, so it must start in the host model's mode (later
         # model.train()/model.eval() calls then reach it as a submodule).
@@ -199,7 +209,7 @@ def update_config(model, **changes) -> FocusConfig:
     if state.cfg.query_proj and k not in (None, 1):
         raise ValueError(f"top_k={k!r} is invalid for routers with query_proj=True (the queries' own projection is "
                          "served exactly only at query top-1): allowed None or 1")
-    fixed = {"num_groups", "group_dim", "query_proj", "router_hidden"} & set(changes)
+    fixed = {"num_groups", "group_dim", "query_proj", "router_hidden", "router_input"} & set(changes)
     if fixed:
         raise ValueError(f"{sorted(fixed)} define the router shapes and cannot change after compose")
     new = dataclasses.replace(state.cfg, **changes)

@@ -238,6 +238,9 @@ def load_adapter(model, path: str | os.PathLike, *, check_base: bool = True):
     composed_here = not is_composed(model)
     if composed_here:
         compose(model, cfg)
+    elif focus_config(model).router_input != cfg.router_input:
+        raise ValueError(f"adapter {path} routes by router_input={cfg.router_input!r} but the model is composed with "
+                         f"router_input={focus_config(model).router_input!r}: load it into an uncomposed model")
     elif (focus_config(model).num_groups, focus_config(model).group_dim) != (cfg.num_groups, cfg.group_dim):
         have = focus_config(model)
         raise ValueError(f"adapter {path} has K={cfg.num_groups}, d_g={cfg.group_dim} but the model is composed with "

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..focus.attend import dense_query_heads
+from ..focus.key_router import key_features
 from ..kernels import recall
 from ..kernels.common import relative_distance
 from ..kernels.reference import expand_kv, masked_attention
@@ -28,7 +29,8 @@ from .specs import attention_modules
 CAPTURE, MASKED = "focus-capture", "focus-masked"
 PROBE = "focus_probe"  # the probe of the layer while a context below is open (a plain attribute)
 
-# fn(layer, module, h, q, k, scale, softcap): h [B, T, d] the layer input, q [B, Hq, T, D], k [B, Hkv, T, D]
+# fn(layer, module, h, q, k, scale, softcap): h [B, T, d] the router's input (the layer input; the key-space router's
+# key features), q [B, Hq, T, D], k [B, Hkv, T, D]
 CaptureFn = Callable[..., None]
 # rule(layer, module, h, q, k, scale, softcap) -> KeepFn over the distant pairs of this call
 RuleFn = Callable[..., recall.KeepFn]
@@ -46,10 +48,16 @@ def _prefill_only(query, key) -> None:
         raise ValueError("attention probes take whole sequences (prefill), not cached decode steps")
 
 
+def _router_input(module, query, key) -> torch.Tensor:
+    """What the layer's router routes by: the stored layer input, or the key-space router's key features."""
+    h = module.focus_cache.take_hidden()
+    return key_features(query, key) if module.focus_router.cfg.router_input == "keys" else h
+
+
 def _capture_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     _prefill_only(query, key)
     layer, fn = getattr(module, PROBE)
-    h = module.focus_cache.take_hidden()
+    h = _router_input(module, query, key)
     softcap = kwargs.get("softcap")
     fn(layer, module, h, query, key, scaling, softcap)
     allowed = _model_allowed(attention_mask, key.shape[2])
@@ -71,7 +79,7 @@ def _capture_forward(module, query, key, value, attention_mask, scaling=None, dr
 def _masked_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     _prefill_only(query, key)
     layer, rule = getattr(module, PROBE)
-    h = module.focus_cache.take_hidden()
+    h = _router_input(module, query, key)
     softcap = kwargs.get("softcap")
     keep = rule(layer, module, h, query, key, scaling, softcap)
     cfg = module.focus_router.cfg

@@ -164,7 +164,7 @@ def keys_side_by_side(k: torch.Tensor) -> torch.Tensor:
     return k.float().permute(0, 2, 1, 3).reshape(b, t, hkv * d)
 
 
-def _group_mean_queries(q: torch.Tensor, hkv: int) -> torch.Tensor:
+def group_mean_queries(q: torch.Tensor, hkv: int) -> torch.Tensor:
     """Queries ``[B, Hq, T, D]`` as ``[B, T, Hkv * D]``: each KV head's query heads averaged (GQA), so a query
     scores a key centroid as the mean of its heads' scores against it."""
     b, hq, t, d = q.shape
@@ -197,13 +197,27 @@ def kmeans_key_clusters(q: torch.Tensor, k: torch.Tensor, num_clusters: int | No
     Without ``centroids`` [C, Hkv * D] they are fitted per sequence on all its keys (``num_clusters``, default one
     per :data:`KMEANS_CLUSTER_KEYS` keys), as ClusterKV fits them on a prompt's cache: what the keys' geometry alone
     can recall, not a causal routing. Given ``centroids`` (fitted once, elsewhere), they are used as they are."""
-    kf, qf = keys_side_by_side(k), _group_mean_queries(q, k.shape[1])
+    kf, qf = keys_side_by_side(k), group_mean_queries(q, k.shape[1])
     if centroids is None:
         c_num = num_clusters or max(1, -(-k.shape[2] // KMEANS_CLUSTER_KEYS))
         cs = torch.stack([fit_kmeans(kf[i], c_num, iters=iters, seed=seed) for i in range(kf.shape[0])])
     else:
         cs = centroids.to(kf)[None].expand(kf.shape[0], -1, -1)
     return torch.cdist(kf, cs).argmin(-1), qf @ cs.transpose(-1, -2)
+
+
+def fill_budget(counts: torch.Tensor, scores: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Which clusters a query takes: bool ``[..., C]``, whole clusters in descending order of ``scores`` [..., C]
+    until they hold ``want`` [...] of the ``counts`` [..., C] keys; the cluster that crosses ``want`` is taken when
+    that lands nearer it than stopping before it (ties: taken). ``want == 0`` takes none. ClusterKV's selection, the
+    one rule of the k-means baseline and of the key-space router (``focus.key_router``)."""
+    order = scores.argsort(-1, descending=True)
+    cs = counts.gather(-1, order)
+    after = cs.cumsum(-1)
+    before = after - cs
+    w = want[..., None].to(after.dtype)
+    take = (before < w) & ((after <= w) | (after - w <= w - before))
+    return torch.zeros_like(take).scatter_(-1, order, take)
 
 
 def cluster_budget_keep(cluster: torch.Tensor, scores: torch.Tensor, budget: KeepFn, *, window: int,
@@ -224,13 +238,7 @@ def cluster_budget_keep(cluster: torch.Tensor, scores: torch.Tensor, budget: Kee
         want = (budget(r0, r1, probs) & distant).sum(-1)  # [B, R]
         upto = (torch.arange(r0, r1, device=cluster.device) - window).clamp(min=0, max=t)
         counts = (prefix[:, upto] - below_sink[:, None]).clamp_min(0)  # [B, R, C]
-        order = scores[:, r0:r1].argsort(-1, descending=True)
-        cs = counts.gather(-1, order)
-        after = cs.cumsum(-1)
-        before = after - cs
-        w = want[..., None]
-        take = (before < w) & ((after <= w) | (after - w <= w - before))
-        sel = torch.zeros_like(take).scatter_(-1, order, take)
+        sel = fill_budget(counts, scores[:, r0:r1], want)
         return sel.gather(-1, cluster[:, None, :].expand(-1, r1 - r0, -1)) & distant
 
     return keep

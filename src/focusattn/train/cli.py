@@ -172,3 +172,46 @@ def register(sub) -> None:
     add_lazy_args(p)
     # library argument -> flag in errors (FocusConfig.num_groups is --groups)
     p.set_defaults(func=_retrofit, flags={"eval_top_ks": "--eval-top-k", "num_groups": "--groups"})
+    register_fit_keys(sub)
+
+
+def _fit_keys(a) -> int:
+    from .key_fit import KeyFitConfig, fit_keys
+
+    focus = FocusConfig(num_groups=a.groups, window=a.window, sink_tokens=a.sink_tokens, router_input="keys",
+                        top_k=1, budget=a.budget, backend=a.backend)
+    cfg = KeyFitConfig(model=a.model, corpora=tuple(a.corpora), windows=a.windows, length=a.length, focus=focus,
+                       dense_heads=a.dense_heads, iters=a.iters, seed=a.seed, out=a.out)
+    set_threads(a.threads)
+    s = fit_keys(cfg, command=a.command_line)
+    print(f"fitted {a.groups} key centroids per layer on {s['keys_per_layer']} keys in {s['fit_seconds']:.0f} s; "
+          f"wrote {s['adapter']} and {a.out}/summary.json")
+    return 0
+
+
+def register_fit_keys(sub) -> None:
+    from .key_fit import KeyFitConfig
+
+    d = KeyFitConfig()
+    p = sub.add_parser("fit-keys", help="a key-space Focus adapter: k-means centroids of the frozen model's own keys "
+                       "on training text (FocusConfig.router_input='keys'; no gradient)", formatter_class=HelpFormatter)
+    p.add_argument("--model", default=d.model, help="alias, hub id or local folder")
+    p.add_argument("--corpora", nargs="+", default=list(d.corpora), help="registers whose train splits fit it")
+    p.add_argument("--windows", type=int, default=d.windows, help="training windows per corpus")
+    p.add_argument("--length", type=int, default=d.length,
+                   help="tokens per window (default: the model's positions, at most 8192; fit at the longest length "
+                        "you serve: keys at positions never fitted on fall into a few groups)")
+    p.add_argument("--groups", type=int, default=d.focus.num_groups, help="K, centroids per layer")
+    p.add_argument("--budget", type=float, default=d.focus.budget,
+                   help="share of each query's distant keys its groups hold (FocusConfig.budget)")
+    p.add_argument("--window", type=int, default=d.focus.window, help="w, local window that always attends")
+    p.add_argument("--sink-tokens", type=int, default=d.focus.sink_tokens, help="first n tokens always visible")
+    p.add_argument("--backend", choices=BACKENDS, default=d.focus.backend, help="kernel for the hard mask")
+    p.add_argument("--dense-heads", default=None,
+                   help="serve these KV heads dense in the adapter ('none', 'layer:kv_head,...' or scored "
+                        "'induction:N+duplicate:M', measured on the model)")
+    p.add_argument("--iters", type=int, default=d.iters, help="Lloyd iterations of the k-means")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the k-means' starting centroids")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--out", default=d.out, help="run folder: OUT/adapter and OUT/summary.json")
+    p.set_defaults(func=_fit_keys, flags={"num_groups": "--groups"})

@@ -57,7 +57,7 @@ from ..backends import flash_attn_varlen
 from ..common import default_scale
 from ..lse import merge_signed_
 from ..validation import empty_focus_result, validate_focus_inputs
-from . import band, packed, same_group
+from . import band, keyed, packed, same_group
 from .chunk import NEG_INF
 from .fused import (cuda_flash_varlen_bwd, cuda_flash_varlen_fwd, cuda_flash_varlen_status, cuda_varlen_bwd,
                     cuda_varlen_fwd, flash_attn_forward)
@@ -78,9 +78,12 @@ CUDA_FLASH_VARLEN = Varlen("cuda-flash", cuda_flash_varlen_fwd, cuda_flash_varle
 
 def _forward(p: Problem, plans, varlen: Varlen | None = None, pk: packed.Packing | None = None):
     """Merge every part into one ``[B, Hq, T, D]`` accumulator, in place; ``varlen``: part A packed as ``pk``
-    (:mod:`.packed`), else one part at a time (:func:`_forward_parts`). Then the window band, chunk by chunk."""
+    (:mod:`.packed`); ``plans`` None: every group batched (:mod:`.keyed`, keys of one group, forward only); else
+    one part at a time (:func:`_forward_parts`). Then the window band, chunk by chunk."""
     bsz, hq, t, d = p.q.shape
-    if varlen is not None:
+    if plans is None:  # every key in one group, several query groups, no gradient
+        o_acc, l_acc = keyed.forward(p)
+    elif varlen is not None:
         o_acc, l_acc = packed.forward(p, pk, varlen, rows_per_merge=max(1, bsz * t))
     else:
         o_acc, l_acc = _forward_parts(p, plans)
@@ -157,9 +160,12 @@ class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition, qmembership):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap, qmembership)
-        plans = plan_groups(membership, kpm, decomposition, qmembership)
-        varlen = _packed_varlen(p, plans, varlen_fn)
-        pk = None if varlen is None else packed.pack(plans, q.shape[2])
+        if keyed.applies(p, any(ctx.needs_input_grad[:3])):  # no plans: the batched engine, forward only
+            plans = varlen = pk = None
+        else:
+            plans = plan_groups(membership, kpm, decomposition, qmembership)
+            varlen = _packed_varlen(p, plans, varlen_fn)
+            pk = None if varlen is None else packed.pack(plans, q.shape[2])
         o, lse = _forward(p, plans, varlen, pk)
         out = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, membership, kpm, out, lse, qmembership)

@@ -1,0 +1,129 @@
+"""The key-space router (``FocusConfig.router_input="keys"``): its budget rule against a one-query-at-a-time
+reference, causal (chunked prefill = one prefill), padding-invariant, and the config's errors."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from focusattn._errors import InputError
+from focusattn.focus.config import FocusConfig
+from focusattn.focus.key_router import KeyRouter, key_features
+
+
+def _router(k_groups, width, window, sink, budget, seed=0):
+    cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
+                      top_k=1, budget=budget)
+    r = KeyRouter(width, cfg)
+    r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
+    return r
+
+
+def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
+    """One query at a time, with plain Python: its distant keys (real, not among the first ``sink`` real tokens,
+    distance > window) per group, then groups holding some of them in descending score until the budget (the
+    crossing one when nearer), at least the best one."""
+    cfg, w = r.cfg, r.width
+    c = r.centroids
+    b, t, _ = h.shape
+    ids = ((h[..., :w, None] - c.t()[None, None]) ** 2).sum(-2).argmin(-1)  # nearest centroid
+    scores = h[..., w:] @ c.t()
+    out = torch.zeros(b, t, cfg.num_groups, dtype=torch.bool)
+    for bi in range(b):
+        rank = torch.cumsum(valid[bi].long(), 0)
+        for i in range(t):
+            counts = [0] * cfg.num_groups
+            for j in range(t):
+                if j < i - cfg.window and valid[bi, j] and rank[j] > cfg.sink_tokens:
+                    counts[int(ids[bi, j])] += 1
+            want = round(cfg.budget * sum(counts))
+            order = sorted(range(cfg.num_groups), key=lambda g: -float(scores[bi, i, g]))
+            before = 0
+            for g in order:
+                after = before + counts[g]
+                if counts[g] and before < want and (after <= want or after - want <= want - before):
+                    out[bi, i, g] = True
+                before = after
+            if not out[bi, i].any():
+                out[bi, i, order[0]] = True
+    return ids, out
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
+       window=st.sampled_from([0, 1, 3, 8]), sink=st.sampled_from([0, 1, 2]),
+       budget=st.sampled_from([0.05, 0.3, 0.5, 1.0]), padded=st.booleans(), split=st.integers(0, 40))
+def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k_groups, window, sink, budget,
+                                                                    padded, split):
+    width = 4
+    g = torch.Generator().manual_seed(seed)
+    # integer-valued features: no near-ties between scores, so the reference's order is the router's
+    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if padded:
+        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    r = _router(k_groups, width, window, sink, budget, seed)
+    ids, want = _reference(r, h, valid)
+    routing = r(h, mask=valid if padded else None, memo={})
+    assert torch.equal(routing.membership, torch.nn.functional.one_hot(ids, k_groups).bool())
+    rows = valid[..., None]  # padded queries see nothing real: their groups do not matter
+    assert torch.equal(routing.query_membership & rows, want & rows)
+    # causal: a prefill of the first `split` tokens, then the rest as steps, gives the same memberships
+    split = min(split, t - 1)
+    if split > 0:
+        memo = {}
+        first = r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo)
+        rest = r(h[:, split:], mask=valid[:, split:] if padded else None, start=split, memo=memo)
+        got = torch.cat([first.query_membership, rest.query_membership], 1)
+        assert torch.equal(got & rows, routing.query_membership & rows)
+
+
+def test_left_padding_does_not_change_the_real_tokens_groups():
+    r = _router(5, 4, 2, 1, 0.3)
+    h = torch.randn(1, 30, 8, generator=torch.Generator().manual_seed(3))
+    plain = r(h)
+    pad = torch.cat([torch.randn(1, 6, 8), h], 1)
+    valid = torch.ones(1, 36, dtype=torch.bool)
+    valid[:, :6] = False
+    padded = r(pad, mask=valid)
+    assert torch.equal(padded.query_membership[:, 6:], plain.query_membership)
+    assert torch.equal(padded.membership[:, 6:], plain.membership)
+
+
+def test_a_step_without_the_earlier_groups_is_refused():
+    r = _router(4, 4, 2, 1, 0.3)
+    with pytest.raises(ValueError, match="groups of the 5 earlier tokens"):
+        r(torch.randn(1, 1, 8), start=5, memo={})
+
+
+def test_key_features_put_keys_then_group_mean_queries():
+    q = torch.randn(2, 4, 3, 5)  # Hq = 4, Hkv = 2, 3 new queries
+    k = torch.randn(2, 2, 7, 5)  # 7 keys, the last 3 new
+    f = key_features(q, k)
+    assert f.shape == (2, 3, 20)
+    assert torch.equal(f[0, 1, :5], k[0, 0, 5])
+    assert torch.equal(f[0, 1, 5:10], k[0, 1, 5])
+    torch.testing.assert_close(f[0, 1, 10:15], (q[0, 0, 1] + q[0, 1, 1]) / 2)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(budget=0.0), "budget"),
+    (dict(budget=1.5), "budget"),
+    (dict(top_k=None), "top_k"),
+    (dict(top_k=2), "top_k"),
+    (dict(rebalance=64), "rebalance"),
+    (dict(capacity=1.5), "capacity"),
+    (dict(key_top_k=2), "key_top_k"),
+    (dict(routing="sequence"), "routing"),
+    (dict(router_input="values"), "router_input"),
+])
+def test_bad_key_router_configs_name_the_field(changes, field):
+    kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes
+    with pytest.raises(InputError) as e:
+        FocusConfig(**kw)
+    assert e.value.param == field
+
+
+def test_a_budget_needs_the_key_router():
+    with pytest.raises(InputError, match="budget"):
+        FocusConfig(budget=0.2)
+    assert FocusConfig(num_groups=8, router_input="keys", top_k=1, budget=0.2).roles
