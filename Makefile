@@ -536,8 +536,8 @@ routing-keys: $(STAMP)
 # A served key-space router (issue 22; FocusConfig.router_input="keys"): centroids fitted by k-means on the frozen
 # model's keys (fit-keys, 1-2 min each) with g2's dense heads and window, budget 0.15: 256 and 64 centroids fitted
 # on 2048-token windows (long-evaluated at 2048, ~20 min each; their speed at 2048 and 8192 shows the 2048 fit
-# crowding keys into a few groups at 8192), then 256 fitted at 8192, the default (long-evaluated at 8192 and 2048,
-# ~35 and ~20 min), each bench-model ~8 min; at most two runs at once, one core each.
+# crowding keys into a few groups at 8192), then 256 and 64 fitted at 8192, the default (long-evaluated at 8192,
+# ~35 and ~15 min without recall, and 256 at 2048, ~20 min), each bench-model ~8 min; two runs at once, one core each.
 KEYS_FIT := --budget 0.15 --dense-heads 7:2,8:0,14:1,15:2,17:1,18:2,20:2,23:0,23:2,24:1 --threads 1
 KEYS_RUN ?= $(RUNS)/keys
 LE_2K_KEYS := --lengths 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 1 --repeat-n 1 --no-soft \
@@ -556,13 +556,21 @@ routing-keyspace: $(STAMP)
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256L/adapter $(LE_8K_BASE) --baselines oracle \
 		--variants original,top1 --out $(KEYS_RUN)/leL_8k > $(KEYS_RUN)/leL_8k.log 2>&1 & \
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k256L/adapter $(BM_KEYS) --out $(KEYS_RUN)/bmL & wait
+	$(VENV)/bin/focusattn fit-keys --groups 64 $(KEYS_FIT) --out $(KEYS_RUN)/k64L
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k64L/adapter $(BM_KEYS) --out $(KEYS_RUN)/bm64L
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256L/adapter $(LE_2K_KEYS) --baselines duo,oracle \
-		--out $(KEYS_RUN)/leL_2k
+		--out $(KEYS_RUN)/leL_2k > $(KEYS_RUN)/leL_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k64L/adapter $(LE_8K_BASE) --recall-windows 0 \
+		--baselines oracle --variants original,top1 --out $(KEYS_RUN)/le64L_8k > $(KEYS_RUN)/le64L_8k.log 2>&1 & wait
 	cp $(KEYS_RUN)/le_2k/long_eval.json docs/results/long_eval_keys256.json
 	cp $(KEYS_RUN)/le64_2k/long_eval.json docs/results/long_eval_keys64.json
 	cp $(KEYS_RUN)/leL_8k/long_eval.json docs/results/long_eval_keys256L_8k.json
 	cp $(KEYS_RUN)/leL_2k/long_eval.json docs/results/long_eval_keys256L.json
-	for b in 256 64 L; do cp $(KEYS_RUN)/bm$$b/model_bench.json docs/results/model_bench_keys$$b.json; done
+	cp $(KEYS_RUN)/bm256/model_bench.json docs/results/model_bench_keys256.json
+	cp $(KEYS_RUN)/bm64/model_bench.json docs/results/model_bench_keys64.json
+	cp $(KEYS_RUN)/bmL/model_bench.json docs/results/model_bench_keys256L.json
+	cp $(KEYS_RUN)/bm64L/model_bench.json docs/results/model_bench_keys64L.json
+	cp $(KEYS_RUN)/le64L_8k/long_eval.json docs/results/long_eval_keys64L_8k.json
 	$(MAKE) results
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and
