@@ -40,14 +40,13 @@ def applies(p: Problem, needs_grad: bool) -> bool:
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """Part A: ``(out [B, Hq, T, D], lse [B, Hq, T])`` in the accumulation dtype (``lse`` ``-inf`` and ``out`` 0
     for a query with no key in its groups)."""
-    q, k, v = p.q, p.k, p.v
-    b, hq, t, d = q.shape
-    hkv = k.shape[1]
+    q, v = p.q, p.v
+    b, hq, t, _ = q.shape
     dt = acc_dtype(q.dtype)
     out = torch.zeros(b, hq, t, v.shape[-1], dtype=dt, device=q.device)
     lse = torch.full((b, hq, t), float("-inf"), dtype=dt, device=q.device)
     for bi in range(b):
-        _one_row(p, bi, out[bi], lse[bi], hq, hkv, dt)
+        _one_row(p, bi, out[bi], lse[bi], hq, dt)
     return out, lse
 
 
@@ -71,7 +70,7 @@ class _Lists:
         return torch.where(col[None] < n[:, None], self.pos[sel] if len(self.pos) else sel, -1)
 
 
-def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, hq: int, hkv: int, dt) -> None:
+def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, hq: int, dt) -> None:
     """Batch row ``bi`` into ``out`` [Hq, T, D] and ``lse`` [Hq, T]. Sub-problems are (group, block of
     ``QUERY_BLOCK`` query positions): the group's queries in the block against the group's keys up to the block's
     end, so a query early in a long sequence does not pay for its groups' later keys."""
