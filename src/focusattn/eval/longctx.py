@@ -199,8 +199,6 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
             duo = {f"duo@top{k}": window_for_budget(t, budget[k], cfg.sink_tokens, dense) for k in top_ks} \
                 if "duo" in baselines and cfg.dense_heads else None
             for split in val:
-                if cfg.router_input == "hidden":  # the key-space router has no soft form: it stays as served
-                    set_top_k(focus, None)
                 rec = measure_recall(focus, eval_windows(val[split], t, recall_windows), top_ks=top_ks,
                                      others=others, sliding=sliding, kmeans="kmeans" in baselines,
                                      oracle="oracle" in baselines, duo=duo, desc=f"T={t} recall {split}",

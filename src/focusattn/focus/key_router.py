@@ -3,8 +3,9 @@
 Each key joins its nearest of K centroids fitted on the layer's keys after RoPE (its KV heads side by side); each
 query scores the centroids with its KV-group-mean query (the mean of its heads' logits against a cluster's mean key)
 and takes whole groups in that order until they hold ``cfg.budget`` of its distant keys (beyond the window, after
-the sinks; ``kernels.recall.fill_budget``, ClusterKV's selection), at least its best one. A key is in one group and a query in several:
-query and key roles, served exactly by the kernels' query membership, no pair counted twice.
+the sinks; ``kernels.recall.fill_budget``, ClusterKV's selection), at least its best one. A key is in one group
+and a query in several: query and key roles, served exactly by the kernels' query membership, no pair counted
+twice.
 
 Why: on held-out text the learned router (``FocusRouter``, routing the layer input) drops 2-3x the distant attention
 the oracle drops at the same budget; k-means over the keys themselves drops 1.4-1.65x (docs/DECISIONS.md, "Routing
@@ -36,7 +37,7 @@ def key_features(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
 
 class KeyRouter(nn.Module):
     """Routing in the layer's key space; see the module docstring. ``centroids`` [K, W] is a buffer (saved with the
-    adapter), fitted by ``hf.key_routing.fit_key_centroids``."""
+    adapter), fitted by ``train.key_fit.fit_key_centroids``."""
 
     def __init__(self, width: int, cfg: FocusConfig):
         super().__init__()
@@ -57,8 +58,9 @@ class KeyRouter(nn.Module):
     def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None, start: int = 0,
                 past: tuple | None = None, memo: dict | None = None) -> Routing:
         """``h`` [B, T, 2 W]: :func:`key_features` of positions ``start .. start + T - 1``; ``mask`` [B, T] their
-        padding (True = real). ``memo["keys"]`` carries the earlier tokens' groups and the per-group counts of their
-        distant keys from one call to the next (a prefill, then decode steps without a gap)."""
+        padding (True = real). ``memo["keys"]`` carries, from one call to the next (a prefill, then decode steps
+        without a gap), the per-group counts of the keys before position ``at`` and the groups of the tokens from
+        ``at`` on (not yet counted: a decode step touches a window's worth of state, not the whole sequence)."""
         cfg, w = self.cfg, self.width
         b, t, _ = h.shape
         c = self.centroids.float()
@@ -74,12 +76,13 @@ class KeyRouter(nn.Module):
                                                                                               device=h.device),
                      "at": 0, "count": torch.zeros(b, cfg.num_groups, dtype=torch.int32, device=h.device)}
         rank = state["real"][:, None] + valid.long().cumsum(1)  # 1-based among real tokens
+        # the tokens from position `at` on (those not yet counted: at most the window's, in a decode step)
         countable = torch.cat([state["countable"], valid & (rank > cfg.sink_tokens)], 1)  # real, not a sink
-        all_ids = torch.cat([state["ids"], ids], 1)
+        tail_ids = torch.cat([state["ids"], ids], 1)
         # query at position p counts the keys j < p - window (distance > window)
         upto = (torch.arange(start, start + t, device=h.device) - cfg.window).clamp_min(0)
         at, last = state["at"], max(state["at"], int(upto[-1]))
-        seg = F.one_hot(all_ids[:, at:last], cfg.num_groups).to(torch.int32) * countable[:, at:last, None]
+        seg = F.one_hot(tail_ids[:, :last - at], cfg.num_groups).to(torch.int32) * countable[:, :last - at, None]
         prefix = torch.cat([state["count"][:, None], state["count"][:, None] + seg.cumsum(1)], 1)  # [B, L + 1, K]
         counts = prefix[:, (upto - at).clamp_min(0)]  # [B, T, K]
         want = torch.round(cfg.budget * counts.sum(-1).double()).long()
@@ -90,8 +93,8 @@ class KeyRouter(nn.Module):
         # cluster would overshoot the budget twice over) takes its best-scored one.
         qmem |= F.one_hot(scores.argmax(-1), cfg.num_groups).to(torch.bool) & ~qmem.any(-1, keepdim=True)
         if memo is not None:
-            memo["keys"] = {"n": start + t, "ids": all_ids, "countable": countable, "real": rank[:, -1],
-                            "at": last, "count": prefix[:, -1]}
+            memo["keys"] = {"n": start + t, "ids": tail_ids[:, last - at:], "countable": countable[:, last - at:],
+                            "real": rank[:, -1], "at": last, "count": prefix[:, -1]}
         membership = F.one_hot(ids, cfg.num_groups).to(torch.bool)
         return Routing(membership.float(), membership, query_membership=qmem)
 

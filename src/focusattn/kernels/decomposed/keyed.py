@@ -55,7 +55,8 @@ class _Lists:
     ``per_group`` blocks, each (group, block of ``QUERY_BLOCK`` positions) its own list."""
 
     def __init__(self, members: torch.Tensor, per_group: int = 1):
-        gid, self.pos = members.t().nonzero(as_tuple=True)
+        self.gid, self.pos = members.t().nonzero(as_tuple=True)
+        gid = self.gid
         if per_group > 1:  # composite groups g * per_group + the position's block: still in (group, position) order
             gid = gid * per_group + self.pos // QUERY_BLOCK
         self.counts = torch.bincount(gid, minlength=members.shape[-1] * per_group)
@@ -80,14 +81,10 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, hq: int,
     qmem = p.qmembership[bi]
     t, kk = qmem.shape
     nb = -(-t // QUERY_BLOCK)
-    block = torch.arange(t, device=qmem.device) // QUERY_BLOCK
     kl = _Lists(kmem)
     # queries: composite group g * nb + block; keys: group g's keys before the block's end (a prefix of its list)
     ql = _Lists(qmem, nb)
-    per_block = torch.zeros(kk, nb, dtype=torch.long, device=qmem.device)
-    gid = kmem.nonzero()
-    per_block.index_put_((gid[:, 1], block[gid[:, 0]]), torch.ones(len(gid), dtype=torch.long,
-                                                                   device=qmem.device), accumulate=True)
+    per_block = torch.bincount(kl.gid * nb + kl.pos // QUERY_BLOCK, minlength=kk * nb).view(kk, nb)
     kcount = per_block.cumsum(1).reshape(-1)  # [K * nb]: keys of g before the end of block b
     qcount = ql.counts
     live = ((kcount > 0) & (qcount > 0)).nonzero()[:, 0]
