@@ -210,8 +210,8 @@ def test_roles_on_cuda_match_the_reference(dtype, varlen_fn):
 def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g, tk, k_groups, query_top_k, window,
                                                                 padded, sink, softcap, chunk, block):
     """Key top-1 with queries in many groups (the key-space router's form), no gradient: the batched engine
-    (decomposed.keyed; ``chunk`` forces many small batches, ``block`` many query blocks) equals the dense
-    reference, LSE included."""
+    (decomposed.keyed: A and B in blocks of queries; ``chunk`` forces many small batches, ``block`` the query block
+    size, 1 query to 512) equals the dense reference, LSE included."""
     from unittest import mock
 
     from focusattn.kernels.decomposed import keyed
@@ -226,6 +226,24 @@ def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g,
         got = focus_attention(q, k, v, km, window, backend="decomposed", **kw)
     _check(got, want, "keyed", atol=5e-5)
     assert spy.called
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_keys_in_one_group_batched_engine_in_half_precision(dtype):
+    """The block engine on half-precision inputs (the fused op in that dtype, accumulators in float32): the
+    reference's answer to half-precision tolerance, with many blocks, the window inside and across blocks."""
+    from unittest import mock
+
+    from focusattn.kernels.decomposed import keyed
+
+    q, k, v, km, qm, kpm = _case(11, 2, 6, 2, 300, 300, 12, 1, padded=True, query_top_k=4, inside=False, d=16)
+    want = dense_focus_attention(q, k, v, km, 20, sink=1, key_padding_mask=kpm, query_membership=qm,
+                                 return_lse=True)
+    with mock.patch.object(keyed, "QUERY_BLOCK", 16), mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy:
+        out, lse = focus_attention(q.to(dtype), k.to(dtype), v.to(dtype), km, 20, sink=1, key_padding_mask=kpm,
+                                   query_membership=qm, backend="decomposed", return_lse=True)
+    assert spy.called and out.dtype == dtype
+    _check((out.float(), lse.float()), want, "keyed half", atol=2e-2)
 
 
 def test_keys_in_one_group_with_gradients_take_the_per_group_path():

@@ -78,12 +78,13 @@ CUDA_FLASH_VARLEN = Varlen("cuda-flash", cuda_flash_varlen_fwd, cuda_flash_varle
 
 def _forward(p: Problem, plans, varlen: Varlen | None = None, pk: packed.Packing | None = None):
     """Merge every part into one ``[B, Hq, T, D]`` accumulator, in place; ``varlen``: part A packed as ``pk``
-    (:mod:`.packed`); ``plans`` None: every group batched (:mod:`.keyed`, keys of one group, forward only); else
-    one part at a time (:func:`_forward_parts`). Then the window band, chunk by chunk."""
+    (:mod:`.packed`); ``plans`` None: blocks of queries over A and B at once (:mod:`.keyed`, keys of one group,
+    forward only: no band left to merge); else one part at a time (:func:`_forward_parts`). Then the window band,
+    chunk by chunk."""
     bsz, hq, t, d = p.q.shape
     if plans is None:  # every key in one group, several query groups, no gradient
-        o_acc, l_acc = keyed.forward(p)
-    elif varlen is not None:
+        return keyed.forward(p)
+    if varlen is not None:
         o_acc, l_acc = packed.forward(p, pk, varlen, rows_per_merge=max(1, bsz * t))
     else:
         o_acc, l_acc = _forward_parts(p, plans)

@@ -1,19 +1,24 @@
-"""Part A when every key holds at most one group and queries may hold many (query and key roles, key top-1: the
-key-space router's form), forward only: all groups in a few batched calls instead of one call per group.
+"""Parts A and B together when every key holds at most one group and queries may hold many (query and key roles, key
+top-1: the key-space router's form), forward only: blocks of queries, each one masked fused call over the keys its
+queries can see.
 
-A query in ``m`` groups meets each of its keys in exactly one of them (a key has one group), so part A is the sum
-of the groups' partial softmaxes with no pair counted twice. The per-group path (:mod:`.same_group`) pays a call,
-a gather and an LSE merge per group and query: with hundreds of small groups (hundreds of keys each at 8K tokens)
-that overhead, not the arithmetic, is the cost. Here the groups are padded into batches ``[C, Qmax, Kmax]`` (groups
-sorted by their query and key counts and cut into chunks whose padding stays under ``PAD_RATIO``), each chunk one
-fused call (:func:`.fused.fused_fwd`, causal by position through its mask) giving every (group, query) partial and
-its LSE, merged into the queries' rows at once by an online log-sum-exp merge (a scatter max of the references, then
-``index_add_``: a query in several groups of one chunk is summed, not overwritten). The result is part A's
-normalised output and LSE, which the band (:mod:`.band`) is then merged into like any part.
+The sub-problem is a block of ``QUERY_BLOCK`` consecutive queries. Its keys are the window band (positions
+``lim .. end`` with ``lim = start - w``: every local key of the block, and the keys there that share a group) and,
+before ``lim``, the keys of every group at least one of its queries joined (the union of the block's query groups).
+The mask is exactly the reference's (:func:`..reference.focus_allowed` without the sinks): ``j <= i`` and
+(``i - j <= w`` or ``Q_i`` holds ``j``'s group), and a padded key is allowed nowhere. So one call gives each query
+its whole normalised output and LSE over A and B; nothing is merged but the sinks (:mod:`..api`).
 
-No autograd: the driver takes this path only when no input needs a gradient (serving), and the per-group path
-otherwise, whose backward is tested. Scores in float32 (the accumulation dtype); softcap applied like the
-reference.
+Why blocks and not groups: a query sits in several (tens of) groups, so a per-group formulation gathers, computes
+and merges each query row once per group, and at 8K tokens that traffic, not the pairs, was the cost. A block
+shares its rows across every group and pays instead the union's extra keys (measured on SmolLM2-135M's key-space
+routing, 64 centroids at 8192: 6-7 groups a query, 9-12 per 64-query block; the keys computed are 1.3-1.9x the
+pairs the mask keeps). Blocks of similar key counts are padded into chunks (``PAD_RATIO``), each one fused call
+(:func:`.fused.fused_fwd`, its additive mask the block's rows).
+
+Gathers read token-major 2-D rows (``index_select`` over ``[T, H * D]``: on a 3-D ``[T, H, D]`` view it was ~40x
+slower here). No autograd: the driver takes this path only when no input needs a gradient (serving), the per-group
+path otherwise, whose backward is tested. Softcap (no fused op) takes the same blocks through float32 matmuls.
 """
 from __future__ import annotations
 
@@ -23,12 +28,13 @@ from ..lse import acc_dtype
 from .fused import fused_fwd
 from .plan import Problem
 
-# Scores per batched call (floats): chunks of groups are cut to stay under it (~64 MB of float32).
+# Scores per batched call (floats): chunks of blocks are cut to stay under it (~64 MB of float32).
 CHUNK_SCORES = 1 << 24
-# A chunk's padded pairs over its real ones at most (else the next group starts a new chunk).
+# A chunk's padded keys over its real ones at most (else the next block starts a new chunk).
 PAD_RATIO = 1.25
-# Query positions per sub-problem: a block's queries see their groups' keys up to the block's end only.
-QUERY_BLOCK = 512
+# Queries per block. Measured at 8192 tokens (one thread): 64 beat 32 (a smaller union, but twice the calls and
+# mask rows per key) and 128 (a larger union).
+QUERY_BLOCK = 64
 
 
 def applies(p: Problem, needs_grad: bool) -> bool:
@@ -38,112 +44,109 @@ def applies(p: Problem, needs_grad: bool) -> bool:
 
 
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """Part A: ``(out [B, Hq, T, D], lse [B, Hq, T])`` in the accumulation dtype (``lse`` ``-inf`` and ``out`` 0
-    for a query with no key in its groups)."""
-    q, v = p.q, p.v
-    b, hq, t, _ = q.shape
-    dt = acc_dtype(q.dtype)
-    out = torch.zeros(b, hq, t, v.shape[-1], dtype=dt, device=q.device)
-    lse = torch.full((b, hq, t), float("-inf"), dtype=dt, device=q.device)
-    for bi in range(b):
-        _one_row(p, bi, out[bi], lse[bi], hq, dt)
-    return out, lse
-
-
-class _Lists:
-    """Each group's positions in one ``members`` [T, K] bool: group-major, ascending (one ``nonzero``); with
-    ``per_group`` blocks, each (group, block of ``QUERY_BLOCK`` positions) its own list."""
-
-    def __init__(self, members: torch.Tensor, per_group: int = 1):
-        self.gid, self.pos = members.t().nonzero(as_tuple=True)
-        gid = self.gid
-        if per_group > 1:  # composite groups g * per_group + the position's block: still in (group, position) order
-            gid = gid * per_group + self.pos // QUERY_BLOCK
-        self.counts = torch.bincount(gid, minlength=members.shape[-1] * per_group)
-        self.start = torch.cumsum(self.counts, 0) - self.counts
-
-    def slots(self, groups: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
-        """The first ``counts`` (default: all) positions of each of ``groups``, padded with -1:
-        ``[len(groups), largest count]``."""
-        n = self.counts[groups] if counts is None else counts
-        col = torch.arange(int(n.max()), device=n.device)
-        sel = (self.start[groups][:, None] + col[None]).clamp_max(max(len(self.pos) - 1, 0))
-        return torch.where(col[None] < n[:, None], self.pos[sel] if len(self.pos) else sel, -1)
-
-
-def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, hq: int, dt) -> None:
-    """Batch row ``bi`` into ``out`` [Hq, T, D] and ``lse`` [Hq, T]. Sub-problems are (group, block of
-    ``QUERY_BLOCK`` query positions): the group's queries in the block against the group's keys up to the block's
-    end, so a query early in a long sequence does not pay for its groups' later keys."""
-    kmem = p.membership[bi]
-    if p.kpm is not None:
-        kmem = kmem & p.kpm[bi][:, None]  # a padded key is in no group
-    qmem = p.qmembership[bi]
-    t, kk = qmem.shape
-    nb = -(-t // QUERY_BLOCK)
-    kl = _Lists(kmem)
-    # queries: composite group g * nb + block; keys: group g's keys before the block's end (a prefix of its list)
-    ql = _Lists(qmem, nb)
-    per_block = torch.bincount(kl.gid * nb + kl.pos // QUERY_BLOCK, minlength=kk * nb).view(kk, nb)
-    kcount = per_block.cumsum(1).reshape(-1)  # [K * nb]: keys of g before the end of block b
-    qcount = ql.counts
-    live = ((kcount > 0) & (qcount > 0)).nonzero()[:, 0]
-    if not len(live):
-        return
-    # sub-problems sorted by their query then key counts: neighbours pad little in one chunk
-    live = live[torch.argsort(qcount[live] * (int(kcount.max()) + 1) + kcount[live], stable=True)]
+    """Parts A and B: ``(out [B, Hq, T, D], lse [B, Hq, T])`` in the accumulation dtype (token-major storage;
+    ``lse`` ``-inf`` and ``out`` 0 for a query with no allowed key)."""
+    b, hq, t, _ = p.q.shape
+    dt = acc_dtype(p.q.dtype)
     dv = p.v.shape[-1]
+    out = torch.zeros(b, t, hq, dv, dtype=dt, device=p.q.device)
+    lse = torch.full((b, hq, t), float("-inf"), dtype=dt, device=p.q.device)
+    for bi in range(b):
+        _one_row(p, bi, out[bi], lse[bi], dt)
+    return out.transpose(1, 2), lse
+
+
+def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> None:
+    """Batch row ``bi`` into ``out`` [T, Hq, D] and ``lse`` [Hq, T]."""
     q, k, v = p.q[bi], p.k[bi], p.v[bi]
-    acc = torch.zeros(hq, t, dv, dtype=dt, device=out.device)  # sum of exp(l - ref) * o over the parts merged
-    z = torch.zeros(hq, t, dtype=dt, device=out.device)  # sum of exp(l - ref)
-    ref = torch.full((hq, t), float("-inf"), dtype=dt, device=out.device)  # running max of the parts' LSE
-    qc, kc = qcount[live].tolist(), kcount[live].tolist()
+    hq, t, d = q.shape
+    hkv, dv = k.shape[0], v.shape[-1]
+    dev = q.device
+    kmem = p.membership[bi]
+    real = torch.ones(t, dtype=torch.bool, device=dev) if p.kpm is None else p.kpm[bi].to(torch.bool)
+    kmem = kmem & real[:, None]  # a padded key is in no group (and, below, allowed nowhere)
+    qmem = p.qmembership[bi]
+    kk = qmem.shape[-1]
+    bq = max(1, min(QUERY_BLOCK, t))
+    nb = -(-t // bq)
+    has = kmem.any(-1)
+    gid = torch.where(has, kmem.to(torch.uint8).argmax(-1), -1)  # each key's group, -1 for none
+    qpad = torch.cat([qmem, qmem.new_zeros(nb * bq - t, kk)]) if nb * bq > t else qmem
+    union = qpad.view(nb, bq, kk).any(1)  # [nb, K]: the groups some query of the block joined
+    start = torch.arange(nb, device=dev) * bq
+    lim = (start - p.window).clamp_min(0)  # group keys before lim; the band from lim to the block's end
+    bandlen = (start + bq).clamp_max(t) - lim
+    # keys of group g before each block's lim: per-(group, block) counts, prefix-summed over blocks
+    pos = torch.arange(t, device=dev)
+    hist = torch.zeros(kk + 1, nb + 1, dtype=torch.long, device=dev)
+    cell = (gid + 1) * (nb + 1) + torch.searchsorted(lim, pos, right=True)  # column: the first block whose lim > j
+    hist.view(-1).index_add_(0, cell, torch.ones_like(cell))
+    before = hist[1:].cumsum(1)[:, :nb]  # [K, nb]: keys of g with a position < lim_b
+    gcount = (union.t() * before).sum(0)
+    total = gcount + bandlen
+    order = torch.argsort(total, stable=True)
+    tot = total[order].tolist()
+    kt = k.transpose(0, 1).reshape(t, hkv * d)  # token-major rows for index_select
+    vt = v.transpose(0, 1).reshape(t, hkv * dv)
+    qt = q.transpose(0, 1).reshape(t, hq * d)
+    real_ext = torch.cat([real, real.new_zeros(1)])  # position t: a padding slot
+    gid_ext = torch.cat([gid, gid.new_full((1,), -1)])
+    rows = torch.arange(bq, device=dev)
     c0 = 0
-    while c0 < len(live):  # sub-problems [c0, c1): padded to their largest query and key counts
-        c1, qm, km, real = c0, 0, 0, 0
-        while c1 < len(live):
-            qm2, km2, real2 = max(qm, qc[c1]), max(km, kc[c1]), real + qc[c1] * kc[c1]
-            padded = (c1 - c0 + 1) * qm2 * km2
-            if c1 > c0 and (padded * hq > CHUNK_SCORES or padded > PAD_RATIO * real2):
+    while c0 < nb:  # blocks [c0, c1) of the order: padded to their largest key count
+        c1, km, n_real = c0, 0, 0
+        while c1 < nb:
+            km2, real2 = max(km, tot[c1]), n_real + tot[c1]
+            if c1 > c0 and ((c1 - c0 + 1) * bq * km2 * hq > CHUNK_SCORES or (c1 - c0 + 1) * km2 > PAD_RATIO * real2):
                 break
-            qm, km, real, c1 = qm2, km2, real2, c1 + 1
-        sub = live[c0:c1]
-        qpos, kpos = ql.slots(sub), kl.slots(sub // nb, kcount[sub])
+            km, n_real, c1 = km2, real2, c1 + 1
+        blk = order[c0:c1]
         c0 = c1
-        allowed = ((kpos[:, None, :] >= 0) & (kpos[:, None, :] <= qpos[:, :, None]))[:, None]  # causal by position
-        o, l = _attend(p, q[:, qpos.clamp_min(0)].transpose(0, 1), k[:, kpos.clamp_min(0)].transpose(0, 1),
-                       v[:, kpos.clamp_min(0)].transpose(0, 1), allowed)  # [C, Hq, Qm, D], [C, Hq, Qm]
-        flat = qpos.reshape(-1)
-        keep = flat >= 0
-        idx = flat[keep]
-        l = l.to(dt).transpose(0, 1).reshape(hq, -1)[:, keep]
-        o = o.to(dt).transpose(0, 1).reshape(hq, -1, dv)[:, keep]
-        # online merge: a query may sit in several groups of one chunk, so its new reference is a scatter max
-        touched = torch.unique(idx)
-        old = ref[:, touched]
-        ref.scatter_reduce_(1, idx[None].expand(hq, -1), l, "amax")
-        new = ref[:, touched]
-        factor = torch.where(torch.isfinite(old), torch.exp(old - new), torch.zeros_like(old))
-        acc[:, touched] *= factor[..., None]
-        z[:, touched] *= factor
-        r = ref[:, idx]
-        w = torch.where(torch.isfinite(l), torch.exp(l - torch.where(torch.isfinite(r), r, torch.zeros_like(r))),
-                        torch.zeros_like(l))
-        acc.index_add_(1, idx, w[..., None] * o)
-        z.index_add_(1, idx, w)
-    some = z > 0
-    out.copy_(torch.where(some[..., None], acc / torch.where(some, z, torch.ones_like(z))[..., None],
-                          torch.zeros_like(acc)))
-    lse.copy_(torch.where(some, ref + torch.log(torch.where(some, z, torch.ones_like(z))),
-                          torch.full_like(z, float("-inf"))))
+        _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandlen, rows, qpad, kt, vt, qt,
+               (hq, hkv, d, dv), out, lse, dt)
+
+
+def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandlen, rows, qpad, kt, vt, qt, dims,
+           out, lse, dt) -> None:
+    """One padded call over blocks ``blk``: keys ``[C, km]`` = each block's group keys, then its band, then the
+    padding slot ``t``."""
+    hq, hkv, d, dv = dims
+    dev = blk.device
+    c = len(blk)
+    lm, gc, bl = lim[blk], gcount[blk], bandlen[blk]
+    kpos = torch.full((c, km), t, dtype=torch.long, device=dev)
+    if int(gc.sum()):
+        sel = union[blk][:, gid.clamp_min(0)] & (gid >= 0)[None] & (torch.arange(t, device=dev)[None] < lm[:, None])
+        r, j = sel.nonzero(as_tuple=True)  # row-major: each block's keys in ascending position
+        col = torch.arange(len(r), device=dev) - (torch.cumsum(gc, 0) - gc)[r]
+        kpos[r, col] = j
+    col = torch.arange(km, device=dev)
+    band = (col[None] >= gc[:, None]) & (col[None] < (gc + bl)[:, None])
+    kpos = torch.where(band, lm[:, None] + col[None] - gc[:, None], kpos)
+    qpos = blk[:, None] * bq + rows[None]  # [C, bq] (past t: padding rows, dropped below)
+    kg = gid_ext[kpos]
+    ingroup = torch.gather(qpad.view(-1, bq, qpad.shape[-1])[blk], 2,
+                           kg.clamp_min(0)[:, None, :].expand(-1, bq, -1)) & (kg >= 0)[:, None, :]
+    dist = qpos[:, :, None] - torch.where(band, kpos, -(1 << 40))[:, None, :]  # group keys: never local
+    allowed = ((ingroup | (dist <= p.window)) & (dist >= 0)) | (ingroup & ~band[:, None, :])
+    allowed &= real_ext[kpos][:, None, :]
+    kc = kpos.clamp_max(t - 1).reshape(-1)
+    ks = kt.index_select(0, kc).view(c, km, hkv, d).transpose(1, 2)
+    vs = vt.index_select(0, kc).view(c, km, hkv, dv).transpose(1, 2)
+    qs = qt.index_select(0, qpos.clamp_max(t - 1).reshape(-1)).view(c, bq, hq, d).transpose(1, 2)
+    o, l = _attend(p, qs, ks, vs, allowed[:, None])  # [C, Hq, bq, D], [C, Hq, bq]
+    keep = (qpos < t).reshape(-1)
+    idx = qpos.reshape(-1)[keep]
+    out.index_copy_(0, idx, o.transpose(1, 2).reshape(c * bq, hq, dv)[keep].to(dt))
+    lse.index_copy_(1, idx, l.transpose(0, 1).reshape(hq, c * bq)[:, keep].to(dt))
 
 
 def _attend(p: Problem, q, k, v, allowed):
-    """One chunk's padded groups: ``q`` [C, Hq, Qm, D], ``k``/``v`` [C, Hkv, Km, D], ``allowed`` [C, 1, Qm, Km];
-    ``(out, lse)``, LSE ``-inf`` and output 0 for a row with no allowed key. The fused op where it applies
-    (:func:`.fused.fused_fwd`), else scores in the accumulation dtype (softcap)."""
+    """One chunk: ``q`` [C, Hq, Qm, D], ``k``/``v`` [C, Hkv, Km, D], ``allowed`` [C, 1, Qm, Km]; ``(out, lse)``, LSE
+    ``-inf`` and output 0 for a row with no allowed key. The fused op where it applies (:func:`.fused.fused_fwd`),
+    else scores in the accumulation dtype (softcap)."""
     if p.fused:
-        return fused_fwd(q.contiguous(), k.contiguous(), v.contiguous(), allowed, p.scale)
+        return fused_fwd(q, k, v, allowed, p.scale)
     c, hq, qm, d = q.shape
     hkv = k.shape[1]
     dt = acc_dtype(q.dtype)
