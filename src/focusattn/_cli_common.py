@@ -217,7 +217,7 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
                     "or 'induction:N+duplicate:M'")
 
 
-SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "dense_heads")
+SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "dense_heads")
 
 
 def add_serve_overrides(p) -> None:
@@ -235,6 +235,9 @@ def add_serve_overrides(p) -> None:
     p.add_argument("--window", type=int, default=None,
                    help="override the adapter's local window (FocusConfig.window, tokens); budget-matched "
                         "baselines match the budget it then keeps")
+    p.add_argument("--budget", type=float, default=None,
+                   help="override a key-space adapter's budget: the share of each query's distant keys its groups "
+                        "fill (FocusConfig.budget, in (0, 1]; the centroids stay as fitted)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

@@ -123,6 +123,9 @@ def test_pareto_names_the_serving_settings_a_command_added():
     bare = {**wide, "focus_config": {**wide["focus_config"], "dense_heads": []},
             "command": wide["command"] + " --dense-heads none"}
     assert _adapter_name(bare) == "runs/g2 +window 512 +0 dense heads"  # never merged with the adapter's own rows
+    lean = {"adapter": "runs/keys/k64L/adapter", "focus_config": {"budget": 0.12},
+            "command": "focusattn long-eval --adapter runs/keys/k64L/adapter --budget 0.12"}
+    assert _adapter_name(lean) == "runs/keys/k64L +budget 0.12"
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):

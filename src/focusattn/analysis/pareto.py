@@ -19,7 +19,7 @@ def _adapter_name(doc: dict) -> str:
     ``+rebalance N`` when the command served it with a rebalancing interval of its own (``--rebalance``), and
     ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``),
     ``+cap C`` when it served a group-size cap of its own (``--capacity``), ``+window W`` a local window of its own
-    (``--window``), and ``+N dense heads`` when it served dense heads of its own (``--dense-heads``)."""
+    (``--window``), ``+budget B`` a key-space budget of its own (``--budget``), and ``+N dense heads`` when it served dense heads of its own (``--dense-heads``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
     name = p.name if p.is_absolute() else p.as_posix()
@@ -29,6 +29,7 @@ def _adapter_name(doc: dict) -> str:
     name = f"{name} +warm" if cfg.get("rebalance_warm") and "--rebalance-warm" in cmd else name
     name = f"{name} +cap {cfg['capacity']:g}" if cfg.get("capacity") and "--capacity" in cmd else name
     name = f"{name} +window {cfg['window']}" if "--window" in cmd else name
+    name = f"{name} +budget {cfg['budget']:g}" if "--budget" in cmd else name
     heads = cfg.get("dense_heads") or ()
     return f"{name} +{len(heads)} dense heads" if "--dense-heads" in cmd else name  # "+0": served without
 
