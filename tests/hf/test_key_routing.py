@@ -110,6 +110,34 @@ def test_fit_keys_command(tmp_path, tiny_dir):
     assert rc != 0
 
 
+def test_a_fitted_key_adapter_ships_at_a_budget_of_its_own(tmp_path, tiny_dir, capsys):
+    """``ship-adapter`` on a ``fit-keys`` folder: the same centroids, the config at the budget it ships with, a card
+    saying how it was fitted; settings a key-space adapter has no use for are one-line errors, and so is --budget on
+    a folder that is not a fit."""
+    from focusattn.analysis.model_card import ship_key_adapter
+    from focusattn.cli import main
+
+    out = tmp_path / "run"
+    assert main(["fit-keys", "--model", str(tiny_dir / "model"), "--corpora", str(tiny_dir / "corpus"), "--windows",
+                 "1", "--length", "64", "--groups", "4", "--budget", "0.25", "--window", "8", "--out", str(out)]) == 0
+    shipped = ship_key_adapter(out, "tiny-keys", budget=0.5, dest=tmp_path / "ship")
+    cfg = json.loads((shipped / "adapter_config.json").read_text())["focus_config"]
+    assert cfg["budget"] == 0.5 and cfg["router_input"] == "keys"
+    card = (shipped / "README.md").read_text()
+    assert "fit-keys" in card and "--budget 0.5" in card and "k-means" in card
+    m = fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], shipped)
+    assert fa.hf.focus_config(m).budget == 0.5
+    fitted = fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], out / "adapter")
+    assert torch.equal(fa.hf.routers(m)[0].centroids, fa.hf.routers(fitted)[0].centroids)
+    capsys.readouterr()
+    for argv in (["ship-adapter", str(out), "--name", "x", "--capacity", "1.5"],
+                 ["ship-adapter", str(tmp_path / "nothing"), "--name", "x", "--budget", "0.2"]):
+        assert main(argv) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+    assert not (tmp_path / "x").exists()
+
+
 def test_fit_keys_fits_at_the_models_positions_by_default(tmp_path, tiny_dir):
     """Keys at positions never fitted on fall into a few groups, so the default fit covers every position."""
     from focusattn.cli import main

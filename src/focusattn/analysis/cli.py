@@ -62,7 +62,7 @@ def _collapse(a) -> int:
 
 
 def _ship(a) -> int:
-    from .model_card import derive_adapter, refresh_card, ship_adapter
+    from .model_card import derive_adapter, refresh_card, ship_adapter, ship_key_adapter
 
     if a.refresh_card:
         out = refresh_card(a.name or a.run, long_eval=a.long_eval, model_bench=a.model_bench)
@@ -70,6 +70,15 @@ def _ship(a) -> int:
         return 0
     if not a.name:
         raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
+    if _fitted_keys(a.run):  # a `fit-keys` folder: centroids, served at a budget
+        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
+            raise InputError("run", a.run, "a fit-keys folder ships with its own dense heads and no rebalancing "
+                             "or cap: allowed --budget, --long-eval, --model-bench")
+        out = ship_key_adapter(a.run, a.name, budget=a.budget, long_eval=a.long_eval, model_bench=a.model_bench)
+        print(f"wrote {out} (adapter + README.md model card)")
+        return 0
+    if a.budget is not None:
+        raise InputError("budget", a.budget, "only for a `focusattn fit-keys --out` folder (a key-space adapter)")
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None:
             raise InputError("run", a.run, "--rebalance/--rebalance-warm/--capacity need a retrofit folder "
@@ -84,6 +93,15 @@ def _ship(a) -> int:
                        first_phase=a.first_phase)
     print(f"wrote {out} (adapter + README.md model card)")
     return 0
+
+
+def _fitted_keys(run: str) -> bool:
+    """A ``focusattn fit-keys --out`` folder: its summary records the fit (``fit_seconds``)."""
+    p = Path(run) / "summary.json"
+    try:
+        return p.is_file() and "fit_seconds" in json.loads(p.read_text())
+    except ValueError:
+        return False
 
 
 def _sinks(a) -> int:
@@ -156,6 +174,9 @@ def register(sub) -> None:
     s.add_argument("--capacity", type=float, default=None,
                    help="ship with this group-size cap at hard top-k, a multiple of the balanced share "
                         "(FocusConfig.capacity; inference setting; 0 = off)")
+    s.add_argument("--budget", type=float, default=None,
+                   help="a `fit-keys` folder: ship it served at this share of each query's distant keys "
+                        "(FocusConfig.budget, in (0, 1]; default: the budget it was fitted with)")
     s.add_argument("--first-phase", default=None,
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.add_argument("--dense-heads", default=None,

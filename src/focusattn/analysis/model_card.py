@@ -182,6 +182,60 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     return _finish(tmp, out, lines, le, mb)
 
 
+def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, long_eval=None, model_bench=None,
+                     dest: Path | None = None) -> Path:
+    """``run_dir``: a ``focusattn fit-keys --out`` folder (``summary.json`` + ``adapter/``): its centroids shipped
+    as ``name``, served at ``budget`` (``FocusConfig.budget``; None = the one it was fitted with: the centroids do
+    not depend on it), with a card saying how they were fitted and the measured tables."""
+    run = Path(run_dir)
+    summary = _need(run / "summary.json", "focusattn fit-keys --out RUN")
+    for f in (CONFIG, WEIGHTS):
+        if not (run / "adapter" / f).is_file():
+            raise InputError("run", str(run), f"missing adapter/{f} (written by `focusattn fit-keys --out RUN`)")
+    verify_adapter(run / "adapter")
+    if not name or "/" in name or name.startswith("."):
+        raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-keys64")
+    le = _long_evals(long_eval)
+    mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    acfg = json.loads((run / "adapter" / CONFIG).read_text())
+    if budget is not None:  # validated before anything is written
+        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "budget": float(budget)}).to_dict()
+    fc = acfg["focus_config"]
+    out = (dest or HERE) / name
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in (CONFIG, WEIGHTS):
+        shutil.copy2(run / "adapter" / f, tmp / f)
+    acfg["weights_sha256"] = hashlib.sha256((tmp / WEIGHTS).read_bytes()).hexdigest()
+    write_json(tmp / CONFIG, acfg)
+    cfg = summary["config"]
+    heads = fc.get("dense_heads") or []
+    share = max(summary.get("largest_cluster_share", {}).values(), default=None)
+    lines = [f"# {name}", "",
+             f"A key-space Focus adapter for `{cfg['model']}` (`FocusConfig.router_input=\"keys\"`): "
+             f"{fc['num_groups']} centroids per layer in the layer's own key space (after RoPE, the key/value heads "
+             f"side by side; {fc['num_groups'] * fc['group_dim'] * acfg['num_layers']:,} numbers in all), fitted by "
+             "k-means on the frozen model's keys; nothing is trained by gradient and every pretrained weight is "
+             "unchanged. Each key joins its nearest centroid's group; each query joins the groups its "
+             "key/value-group-mean query scores highest until they hold "
+             f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
+             f"{fc['sink_tokens']} sink). Served exactly by the sparse kernels (decode = prefill)"
+             + (f", with {len(heads)} dense key/value heads (layer:head "
+                f"`{', '.join(f'{a}:{b}' for a, b in heads)}`: full causal attention)" if heads else "") + ".", "",
+             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{cfg["model"]}")',
+             f'fa.load_adapter(model, "{name}")   # fa.hf.update_config(model, budget=0.15): more keys, slower',
+             "```", "", "## How it was fitted", "", f"`{summary.get('command')}`", "",
+             f"{summary['keys_per_layer']:,} keys per layer ({cfg['windows']} window(s) of {summary['length']} tokens "
+             f"of each of {', '.join(cfg['corpora'])}, training splits), {summary['fit_seconds'] / 60:.0f} min on one "
+             "CPU core" + (f"; the largest cluster held {share:.0%} of a layer's keys" if share is not None else "")
+             + "."]
+    if budget is not None:
+        lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name} --budget {float(budget):g}` "
+                  f"(fitted with budget {summary['focus_config']['budget']:g}; the centroids do not depend on it)."]
+    return _finish(tmp, out, lines, le, mb)
+
+
 def _scored(model: str, adapter: Path, counts: dict) -> tuple:
     """:func:`..hf.heads.scored_heads` of ``model`` with the routers of ``adapter`` attached."""
     import torch
