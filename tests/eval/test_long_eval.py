@@ -204,3 +204,20 @@ def test_long_eval_of_a_lazy_adapter_on_the_real_model(tmp_path):
     assert (orig["variant"], lazy["variant"]) == ("original", "lazy") and doc["lazy_config"]["tau_init"] == 0.05
     assert lazy["ppl_domain"] != orig["ppl_domain"]
     assert abs(lazy["ppl_domain"] / orig["ppl_domain"] - 1) < 0.1
+
+
+def test_the_key_space_adapter_has_a_random_baseline_and_no_untrained_one(tmp_path, capsys):
+    """The shipped key-space adapter by name: its random baseline (random key groups, the same budget) keeps about
+    the pairs it keeps; an untrained baseline, which it has no use for (nothing is trained), is a one-line error."""
+    out = tmp_path / "le"
+    argv = ["long-eval", "--adapter", "smollm2-135m-focus-keys256", "--lengths", "320", "--ppl-windows", "1",
+            "--top-k", "1", "--repeat-n", "1", "--threads", "2", "--no-soft", "--passkey-per-depth", "1"]
+    assert main(argv + ["--baselines", "random", "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in json.loads((out / "long_eval.json").read_text())["results"]}
+    assert list(rows) == ["original", "top1", "random@top1"]
+    assert abs(rows["random@top1"]["budget_pairs_kept"] - rows["top1"]["budget_pairs_kept"]) < 0.05
+    capsys.readouterr()
+    assert main(argv + ["--baselines", "untrained", "--out", str(tmp_path / "u")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "untrained" in err[0]
+    assert not (tmp_path / "u").exists()

@@ -77,6 +77,30 @@ def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k
         assert torch.equal(got & rows, routing.query_membership & rows)
 
 
+def test_random_key_routing_is_a_budget_baseline_of_positions_only():
+    """``routing="random"`` (long-eval's random baseline for a key-space adapter): each key a random group and each
+    query ranking the groups at random, by absolute position (not the text), filled to the same budget; a prefill
+    then steps give the same groups as one prefill."""
+    cfg = FocusConfig(num_groups=6, group_dim=4, window=3, sink_tokens=1, router_input="keys", top_k=1,
+                      budget=0.3, routing="random")
+    r = KeyRouter(4, cfg)
+    a, b = torch.randn(1, 50, 8), torch.randn(1, 50, 8)
+    ra, rb = r(a), r(b)
+    assert torch.equal(ra.membership, rb.membership) and torch.equal(ra.query_membership, rb.query_membership)
+    assert ra.membership.sum(-1).eq(1).all() and len(ra.membership[0].float().argmax(-1).unique()) > 1
+    memo = {}
+    first = r(a[:, :20], memo=memo)
+    rest = r(a[:, 20:], start=20, memo=memo)
+    assert torch.equal(torch.cat([first.query_membership, rest.query_membership], 1), ra.query_membership)
+    # the budget: a late query keeps about 30% of its distant keys (whole groups, the crossing one when nearer)
+    ids = ra.membership[0].float().argmax(-1)
+    i = 49
+    distant = torch.arange(50) < i - 3
+    distant[0] = False  # the sink
+    kept = ra.query_membership[0, i][ids] & distant
+    assert abs(int(kept.sum()) - 0.3 * int(distant.sum())) <= int(torch.bincount(ids[distant]).max())
+
+
 def test_left_padding_does_not_change_the_real_tokens_groups():
     r = _router(5, 4, 2, 1, 0.3)
     h = torch.randn(1, 30, 8, generator=torch.Generator().manual_seed(3))
@@ -114,6 +138,7 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(capacity=1.5), "capacity"),
     (dict(key_top_k=2), "key_top_k"),
     (dict(routing="sequence"), "routing"),
+    (dict(routing="x"), "routing"),
     (dict(router_input="values"), "router_input"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):

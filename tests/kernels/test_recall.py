@@ -169,3 +169,21 @@ def test_row_distance_is_rows_of_relative_distance():
 
     for r0, r1, t in ((0, 5, 9), (3, 9, 9), (4, 4, 9), (0, 9, 9)):
         assert torch.equal(row_distance(r0, r1, t), relative_distance(t, t)[r0:r1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 30), c=st.integers(1, 300),
+       frac=st.sampled_from([0.0, 0.01, 0.12, 0.5, 1.0]), skew=st.booleans())
+def test_fill_budget_partial_ranking_is_the_full_sort(seed, rows, c, frac, skew):
+    """The top-k shortcut of fill_budget gives the full sort's answer, also for rows that need more than the ranked
+    clusters (``skew``: the best-scored clusters are nearly empty, so the budget is reached late)."""
+    from focusattn.kernels.recall import _fill_sorted, fill_budget
+
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 40, (rows, c), generator=g)
+    scores = torch.randn(rows, c, generator=g)
+    if skew:
+        counts = torch.where(scores > 0.5, torch.zeros_like(counts), counts)
+    want = torch.round(frac * counts.sum(-1).double()).long()
+    full = _fill_sorted(counts, want, scores.argsort(-1, descending=True))
+    assert torch.equal(fill_budget(counts, scores, want), full)

@@ -9,7 +9,8 @@ Variants (all on the same inputs):
   of causal pairs that the adapter's top-k keeps at that length on that text (measured, per length);
 * ``duo@top{k}`` (with ``FocusConfig.dense_heads``): the same dense heads, the other heads window + first token
   (DuoAttention's retrieval and streaming heads), the window chosen for the same share of causal pairs;
-* ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k;
+* ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k (a
+  key-space adapter: each key a random group, each query random groups to the same budget);
 * ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training;
 * ``kmeans@top{k}``: k-means over each layer's own keys, each query taking the clusters it scores highest until
   they hold as many distant keys as ``top{k}`` keeps for it (ClusterKV's recipe,
@@ -115,6 +116,13 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     bad = [b for b in baselines if b not in BASELINES]
     if bad:
         raise ValueError(f"unknown baseline(s) {bad}: allowed {list(BASELINES)}")
+    if "untrained" in baselines:
+        from ..adapters import resolve
+        from ..hf.io import read_adapter_config
+
+        if read_adapter_config(resolve(adapter))["focus_config"].get("router_input") == "keys":
+            raise ValueError("baseline 'untrained': a key-space adapter has nothing trained (its centroids are "
+                             f"fitted); allowed {[b for b in BASELINES if b != 'untrained']}")
     if variants is not None:
         known = variant_names(top_ks, baselines, soft)
         unknown = [v for v in variants if v not in known]

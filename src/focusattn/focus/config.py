@@ -199,7 +199,10 @@ class FocusConfig:
             if self.top_k != 1:
                 bad("top_k", "1 with router_input='keys' (each key in its nearest centroid; the queries' groups "
                     "follow the budget; there is no soft gate)")
-            for name, off in (("routing", "causal"), ("key_top_k", None), ("query_proj", False), ("router_hidden", 0),
+            if self.routing not in ("causal", "random"):
+                bad("routing", "'causal' (the fitted centroids) or 'random' (the baseline: random groups, the same "
+                    "budget) with router_input='keys'")
+            for name, off in (("key_top_k", None), ("query_proj", False), ("router_hidden", 0),
                               ("rebalance", 0), ("capacity", 0), ("global_rate", 0)):
                 if getattr(self, name) != off:
                     bad(name, f"{off!r} with router_input='keys' (the key-space router serves none other)")

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..kernels.recall import fill_budget, group_mean_queries, keys_side_by_side
 from .config import FocusConfig
-from .router import Routing
+from .router import Routing, position_draws
 
 
 def key_features(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -63,9 +63,12 @@ class KeyRouter(nn.Module):
         ``at`` on (not yet counted: a decode step touches a window's worth of state, not the whole sequence)."""
         cfg, w = self.cfg, self.width
         b, t, _ = h.shape
-        c = self.centroids.float()
-        ids = self.clusters(h[..., :w])
-        scores = h[..., w:].float() @ c.t()  # [B, T, K]
+        if cfg.routing == "random":  # the baseline: each key a random group, queries ranking groups at random
+            ids = position_draws(start, t, cfg.num_groups, h.device).argmax(-1).expand(b, t)
+            scores = position_draws(start, t, cfg.num_groups, h.device, salt=1).expand(b, t, cfg.num_groups)
+        else:
+            ids = self.clusters(h[..., :w])
+            scores = h[..., w:].float() @ self.centroids.float().t()  # [B, T, K]
         state = None if memo is None or start == 0 else memo.get("keys")
         if start > 0 and (state is None or state["n"] != start):
             raise ValueError(f"the key-space router needs the groups of the {start} earlier tokens: start generation "
@@ -82,8 +85,10 @@ class KeyRouter(nn.Module):
         # query at position p counts the keys j < p - window (distance > window)
         upto = (torch.arange(start, start + t, device=h.device) - cfg.window).clamp_min(0)
         at, last = state["at"], max(state["at"], int(upto[-1]))
-        seg = F.one_hot(tail_ids[:, :last - at], cfg.num_groups).to(torch.int32) * countable[:, :last - at, None]
-        prefix = torch.cat([state["count"][:, None], state["count"][:, None] + seg.cumsum(1)], 1)  # [B, L + 1, K]
+        seg = torch.zeros(b, last - at, cfg.num_groups, dtype=torch.int32, device=h.device).scatter_(
+            2, tail_ids[:, :last - at, None], countable[:, :last - at, None].to(torch.int32))  # one-hot, int32
+        prefix = torch.cat([state["count"][:, None], state["count"][:, None] + seg.cumsum(1, dtype=torch.int32)],
+                           1)  # [B, L + 1, K]
         counts = prefix[:, (upto - at).clamp_min(0)]  # [B, T, K]
         want = torch.round(cfg.budget * counts.sum(-1).double()).long()
         # a group none of whose keys is distant for this query adds no pair to its mask (its other keys are local,

