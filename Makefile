@@ -9,7 +9,7 @@ RUNS        ?= runs
 
 .PHONY: setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
-	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace bench-short python-docs
+	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys bench-short python-docs
 
 setup: $(STAMP)
 
@@ -571,6 +571,49 @@ routing-keyspace: $(STAMP)
 	cp $(KEYS_RUN)/bmL/model_bench.json docs/results/model_bench_keys256L.json
 	cp $(KEYS_RUN)/bm64L/model_bench.json docs/results/model_bench_keys64L.json
 	cp $(KEYS_RUN)/le64L_8k/long_eval.json docs/results/long_eval_keys64L_8k.json
+	$(MAKE) results
+
+# The shipped key-space adapter (issue 22): k256L's centroids (256 per layer, fitted at 8192 tokens, ~3 min) served
+# at budget 0.12 (24% of the causal pairs at 8192), long-evaluated by name at 2048 + 4096 (~40 min: two recall
+# windows at each) and 8192 (~50 min) against the window, DuoAttention-style, k-means and oracle masks at its budget,
+# its random baseline at both (~15 min), whole-model speed (~8 min); two runs at once, one core each.
+KEYS_SHIP := smollm2-135m-focus-keys256
+SHIP_RUN ?= $(RUNS)/ship
+ship-keys: $(STAMP) python-docs
+	mkdir -p $(SHIP_RUN)
+	$(VENV)/bin/focusattn fit-keys --groups 256 $(KEYS_FIT) --out $(KEYS_RUN)/k256L
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_RUN)/k256L --name $(KEYS_SHIP) --budget 0.12
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_SHIP) --lengths 2048 4096 --ppl-windows 2 --recall-windows 2 \
+		--passkey-per-depth 1 --repeat-n 1 --no-soft --top-k 1 --threads 1 --baselines sliding,duo,kmeans,oracle \
+		--out $(SHIP_RUN)/le_keys256_2k > $(SHIP_RUN)/le_keys256_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_SHIP) $(LE_8K_BASE) --baselines sliding,duo,kmeans,oracle \
+		--out $(SHIP_RUN)/le_keys256_8k > $(SHIP_RUN)/le_keys256_8k.log 2>&1 & wait
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_SHIP) $(LE_8K_BASE) --recall-windows 0 --baselines random \
+		--variants random@top1 --out $(SHIP_RUN)/le_keys256_8k_random > $(SHIP_RUN)/le_keys256_8k_random.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_SHIP) $(LE_2K_KEYS) --recall-windows 0 --baselines random \
+		--variants random@top1 --out $(SHIP_RUN)/le_keys256_2k_random > $(SHIP_RUN)/le_keys256_2k_random.log 2>&1 & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_SHIP) $(BM_KEYS) --out $(SHIP_RUN)/bm_keys256
+	@# beside it: 256 against 64 centroids at the same budget (8192), and k64L's speed with the block engine
+	$(VENV)/bin/focusattn fit-keys --groups 64 $(KEYS_FIT) --out $(KEYS_RUN)/k64L
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k256L/adapter --budget 0.12 $(LE_8K_BASE) --baselines oracle \
+		--variants original,top1 --out $(KEYS_RUN)/le256L_b12_8k > $(KEYS_RUN)/le256L_b12_8k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_RUN)/k64L/adapter --budget 0.12 $(LE_8K_BASE) --baselines oracle \
+		--variants original,top1 --out $(KEYS_RUN)/le64L_b12_8k > $(KEYS_RUN)/le64L_b12_8k.log 2>&1 & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_RUN)/k64L/adapter $(BM_KEYS) --out $(KEYS_RUN)/bm64L_blocks
+	cp $(KEYS_RUN)/le256L_b12_8k/long_eval.json docs/results/long_eval_keys256L_b12_8k.json
+	cp $(KEYS_RUN)/le64L_b12_8k/long_eval.json docs/results/long_eval_keys64L_b12_8k.json
+	cp $(KEYS_RUN)/bm64L_blocks/model_bench.json docs/results/model_bench_keys64L_blocks.json
+	cp $(KEYS_RUN)/bm64L_blocks/model_bench.png docs/results/model_bench_keys64L_blocks.png
+	cp $(SHIP_RUN)/le_keys256_2k/long_eval.json docs/results/long_eval_keys256_ship.json
+	cp $(SHIP_RUN)/le_keys256_8k/long_eval.json docs/results/long_eval_keys256_ship_8k.json
+	cp $(SHIP_RUN)/le_keys256_8k_random/long_eval.json docs/results/long_eval_keys256_ship_8k_random.json
+	cp $(SHIP_RUN)/le_keys256_2k_random/long_eval.json docs/results/long_eval_keys256_ship_random.json
+	cp $(SHIP_RUN)/bm_keys256/model_bench.json docs/results/model_bench_keys256_ship.json
+	cp $(SHIP_RUN)/bm_keys256/model_bench.png docs/results/model_bench_keys256_ship.png
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_RUN)/k256L --name $(KEYS_SHIP) --budget 0.12 \
+		--long-eval docs/results/long_eval_keys256_ship.json docs/results/long_eval_keys256_ship_8k.json \
+		docs/results/long_eval_keys256_ship_random.json docs/results/long_eval_keys256_ship_8k_random.json \
+		--model-bench docs/results/model_bench_keys256_ship.json
 	$(MAKE) results
 
 # Can a router learn the partitions fitted on each window with hindsight (scripts/partition_oracle.py)? A linear and

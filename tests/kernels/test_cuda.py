@@ -210,3 +210,26 @@ def test_one_token_lean_step_on_cuda(table):
     want = dense_focus_attention(q, k, v, member, 16, sink=sinks)
     assert got is not None
     torch.testing.assert_close(got.cpu(), want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_key_space_block_engine_on_cuda(dtype):
+    """The key-space router's serving engine (decomposed.keyed: blocks of queries, one masked call each) on the GPU's
+    fused op, against the float32 reference (no gradient: the engine's case)."""
+    from unittest import mock
+
+    from focusattn.kernels.decomposed import keyed
+    from tests.kernels.test_roles import _case
+
+    q, k, v, km, qm, kpm = (x.cuda() if x is not None else None
+                            for x in _case(7, 2, 6, 2, 500, 500, 16, 1, padded=True, query_top_k=5, inside=False, d=64))
+    want = dense_focus_attention(q, k, v, km, 32, sink=1, key_padding_mask=kpm, query_membership=qm,
+                                 return_lse=True)
+    with torch.no_grad(), mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy:
+        out, lse = focus_attention(q.to(dtype), k.to(dtype), v.to(dtype), km, 32, sink=1, key_padding_mask=kpm,
+                                   query_membership=qm, backend="decomposed", return_lse=True)
+    assert spy.called
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    fin = torch.isfinite(want[1])
+    torch.testing.assert_close(out.float(), want[0], atol=tol, rtol=tol)
+    torch.testing.assert_close(lse.float()[fin], want[1][fin], atol=tol, rtol=tol)
