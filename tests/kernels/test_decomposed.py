@@ -256,3 +256,18 @@ def test_rows_without_keys_give_no_gradient_and_spoil_none(seed, sink):
 
     for name, g, r in zip("qkv", grads("decomposed"), grads("dense")):
         assert not g.isnan().any() and (g - r).abs().max() <= 1e-5, name
+
+
+def test_the_cuda_probe_takes_its_reference_gradients_also_under_no_grad(monkeypatch):
+    """The memory-efficient engine's probe runs once, on the first call, which in a model's inference is under
+    ``torch.no_grad()``: its reference needs autograd there too (on the H200 it refused the engine with "element 0 of
+    tensors does not require grad" when first asked by a model, and the decomposed kernel fell back to its generic
+    engine)."""
+    from focusattn.kernels.decomposed import fused
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fused, "_probe_error", lambda *a: seen.append(torch.is_grad_enabled()) or 0.0)
+    with torch.no_grad():
+        assert fused.cuda_fused_status.__wrapped__() == (True, "ok")
+    assert seen and all(seen)
