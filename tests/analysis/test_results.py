@@ -55,7 +55,20 @@ def test_gpu_bench_section_renders_measured_rows(tmp_path):
     row["memory_ratio_vs_sdpa"]["flex_sorted"] = 2.5
     (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
-    assert "| 32768 | bfloat16 | random | 8 | 1 | 3.00 | 1.00 | **3.00x** |  | 2.50x |" in text
+    assert "| 32768 | 1 | 3.00 | 2.00 | 1.00 | **3.00x** |  |  |  /  |  | 2.50x |" in text
+    # the script's own section: both variants, their difference from the decomposed engine, and a failed row
+    doc["flex_sorted"] = [{"T": 65536, "K": 8, "top_k": 1, "forward_s": {"sdpa": 0.01, "decomposed": 0.005,
+                                                                          "flex_sorted": 0.004,
+                                                                          "flex_sorted_whole_graph": 0.002},
+                           "max_abs_diff_vs_decomposed": {"flex_sorted": 0.008, "flex_sorted_whole_graph": 0.9},
+                           "peak_extra_bytes": {"sdpa": 10, "decomposed": 30, "flex_sorted": 20},
+                           "forward_backward_ratio_vs_sdpa": 1.5},
+                          {"T": 65536, "K": 8, "top_k": 2, "error": "OutOfMemoryError: x"}]
+    (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert ("| 65536 | 1 | 10.00 | 5.00 | 4.00 | **2.50x** | 2.00 | **5.00x** | 0.008 / 0.9 | 1.50x | 2.00x |"
+            in text)
+    assert "| 65536 | 2 | error: OutOfMemoryError: x |" in text
     doc["decode"] = [{"T": 65536, "K": 8, "top_k": 1, "dtype": "bfloat16", "step_s": {"sdpa": 0.002, "focus": 0.001},
                       "speedup_vs_sdpa": 2.0}]
     (tmp_path / "gpu_bench.json").write_text(json.dumps(doc))
@@ -76,6 +89,15 @@ def test_gpu_model_bench_section_says_random_weights(tmp_path):
     text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "random (real shapes)" in text and "| llama-3.2-1b-shape | 65536 | 2.000 | 2.00x | 1.25x | 9.0 | 3.00x" in text
     assert "1.00 / 2.00 / " in text
+    # several backends: a column per variant, named by top-k and backend
+    doc["backends"] = ["auto", "flex-sorted"]
+    r = doc["results"][0]
+    r["prefill_s"]["top1@flex-sorted"], r["prefill_speedup"]["top1@flex-sorted"] = 0.5, 4.0
+    r["decode_ms"]["top1@flex-sorted"], r["decode_speedup"]["top1@flex-sorted"] = 3.0, 3.0
+    out.write_text(json.dumps(doc))
+    text = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "top-1 flex-sorted ×" in text and "`auto`, `flex-sorted`" in text
+    assert "| 2.000 | 2.00x | 1.25x | 4.00x | 9.0 | 3.00x | 2.00x | 3.00x |" in text
 
 
 def test_pareto_changes_are_against_the_original_of_the_same_run():
@@ -107,6 +129,12 @@ def test_decision_table_leaves_out_rows_with_no_quality_at_its_length():
     text = render_decision_table([at64, at32], [bench])
     assert "+10.0%" in text and "+20.0%" in text and "1.50×" in text
     assert "k-means" not in text and "top-2" not in text  # T=32 only; timed only
+    # a baseline measured at this length whose configuration was not: left out with it, never shown under the
+    # configuration above (seen: another adapter's random row under k8 top-2)
+    other = {"adapter": "runs/b/adapter", "focus_config": {"num_groups": 8}, "results": [
+        {"T": 64, "variant": "random@top1", "ppl_domain": 14.0, "ppl_ood": 14.0, "budget_pairs_kept": 0.4}]}
+    text = render_decision_table([at64, at32, other], [bench])
+    assert "+40.0%" not in text and "random" not in text
 
 
 def test_pareto_names_the_serving_settings_a_command_added():

@@ -237,7 +237,15 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
     # here: its row is left out (RESULTS' full table has it); so is a column nobody measured
     quality = range(1, len(cols) - 2)
     empty = lambda cell: set(cell.replace("/", " ").split()) <= {"—"}  # noqa: E731  ("— / —" too)
-    table = [row for i, row in enumerate(table) if i == 0 or not all(empty(row[j]) for j in quality)]
+    # ... and so are the baselines under it: a ↳ row belongs to the configuration above it, never to another one
+    shown, parent = [], True
+    for i, (r, row) in enumerate(zip(rows, table)):
+        measured = i == 0 or not all(empty(row[j]) for j in quality)
+        if "@" not in r["variant"] or r is base:
+            parent = measured
+        if measured and (parent or "@" not in r["variant"]):
+            shown.append(row)
+    table = shown
     keep = [j for j in range(len(cols)) if j == 0 or any(not empty(row[j]) for row in table[1:])]
     lines = ["| " + " | ".join(cols[j][0] for j in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(row[j] for j in keep) + " |" for row in table]
