@@ -96,16 +96,27 @@ def _fwd_bwd(fn, q, k, v, go):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768, 65536])
-    ap.add_argument("--backward-lengths", type=int, nargs="+", default=[4096, 16384, 32768])
-    ap.add_argument("--flex-lengths", type=int, nargs="+", default=[16384, 32768])
+    # the most telling lengths first: a run cut short by its time limit still has them
+    ap.add_argument("--lengths", type=int, nargs="+", default=[32768, 16384, 65536, 8192, 4096])
+    ap.add_argument("--backward-lengths", type=int, nargs="+", default=[32768, 16384])
+    ap.add_argument("--flex-lengths", type=int, nargs="+", default=[],
+                    help="lengths that also time FlexAttention in the original layout (measured: 3-4x slower)")
+    ap.add_argument("--flex-sorted-lengths", type=int, nargs="+", default=[32768],
+                    help="lengths of the group-sorted FlexAttention prefill's rows, timed last: each (length, top-k, "
+                         "variant) compiles its own kernels for tens of seconds")
+    ap.add_argument("--all-engines", action="store_true",
+                    help="also the decomposed kernel's other engines (per part, packed memory-efficient, part A "
+                         "alone: measured on the H200, see RESULTS) and K = 16")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", action="store_true", help="also write gpu_profile.txt (torch.profiler tables)")
     ap.add_argument("--dry-run", action="store_true", help="tiny lengths on the CPU: checks the script, no numbers")
     args = ap.parse_args(argv)
+    for knob in ("recompile_limit", "cache_size_limit"):  # every length and top-k compiles its own flex kernels
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
     if args.dry_run:
         args.lengths = args.backward_lengths = [512, 1024]
-        args.flex_lengths, args.repeats = [], 1
+        args.flex_lengths, args.repeats, args.flex_sorted_lengths = [], 1, [1024]
     elif not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device (use --dry-run to check the script on the CPU)")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -118,8 +129,10 @@ def main(argv=None) -> int:
         top_groups, _ = load_captured(CAPTURED)
         captured = (top_groups, worst_layer(top_groups, 4096, 8))
     big = args.lengths[-1] if args.dry_run else 16384
-    cases = [(t, torch.bfloat16, "random") for t in args.lengths] + [(big, torch.float32, "random")]
+    cases = [(t, torch.bfloat16, "random") for t in args.lengths]
     cases += [(2 * big, torch.bfloat16, "zipf")] + ([(big // 4, torch.bfloat16, "captured")] if captured else [])
+    if args.all_engines:
+        cases.append((big, torch.float32, "random"))
     rows, t_start = [], time.perf_counter()
     doc = {"schema": "focusattn.gpu_bench/1", "device": name, "torch": torch.__version__,
            "mem_efficient_engine": {"ok": ok, "reason": reason, "used": cuda_fused_available()},
@@ -139,18 +152,19 @@ def main(argv=None) -> int:
             return F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)
 
         for kk, top_k in ((8, 1), (8, 2), (16, 2)):
-            if routing == "captured" and kk != 8:
+            if (routing == "captured" or not args.all_engines) and kk != 8:
                 continue
             memb = _membership(routing, t, kk, top_k, kk * 10 + top_k, captured).to(dev)
 
             def dec(a, b, c, varlen="auto"):
                 return decomposed_focus_attention(a, b, c, memb, WINDOW, varlen_fn=varlen)
 
-            fwd = {"sdpa": lambda: sdpa(q, k, v), "decomposed": lambda: dec(q, k, v),
-                   "decomposed_per_part": lambda: dec(q, k, v, None),
-                   "part_a_only": lambda: decomposed_focus_attention(q, k, v, memb, 0)}  # no window band
-            if dtype != torch.float32 and dev.type == "cuda":  # the packed path's other engine, for comparison
-                fwd["packed_mem_efficient"] = lambda: dec(q, k, v, CUDA_VARLEN)
+            fwd = {"sdpa": lambda: sdpa(q, k, v), "decomposed": lambda: dec(q, k, v)}
+            if args.all_engines:
+                fwd["decomposed_per_part"] = lambda: dec(q, k, v, None)
+                fwd["part_a_only"] = lambda: decomposed_focus_attention(q, k, v, memb, 0)  # no window band
+                if dtype != torch.float32 and dev.type == "cuda":  # the packed path's other engine
+                    fwd["packed_mem_efficient"] = lambda: dec(q, k, v, CUDA_VARLEN)
             flex_note = None
             if dtype != torch.float32 and t in args.flex_lengths and routing == "random":
                 try:
@@ -160,26 +174,14 @@ def main(argv=None) -> int:
                     fwd["flex"] = lambda: flex_focus_attention(q, k, v, memb, WINDOW, block_mask=bm, compile=True)
                 except Exception as exc:  # noqa: BLE001 - report, do not abort the other measurements
                     flex_note = f"{type(exc).__name__}: {exc}"
-            fsorted = None
-            if dtype != torch.float32 and routing != "zipf" and (args.dry_run or t in args.flex_lengths):
-                # the sync-free prefill: two compiled FlexAttention calls over the group-sorted and the original
-                # layout (kernels/flex_sorted.py); top_k is the static bound of its layout
-                from focusattn.kernels.flex_sorted import sorted_flex_focus_attention
-
-                def fsorted(a, b, c, memb=memb, top_k=top_k):
-                    return sorted_flex_focus_attention(a, b, c, memb, WINDOW, top_k=top_k, validate=False)
-
-                fwd["flex_sorted"] = lambda: fsorted(q, k, v)
             with torch.no_grad():
                 try:
                     times = alternate(fwd, args.repeats)
                 except Exception as exc:  # noqa: BLE001
-                    if "flex" not in fwd and "flex_sorted" not in fwd:
+                    if "flex" not in fwd:
                         raise
                     flex_note = f"{type(exc).__name__}: {str(exc)[:300]}"
                     fwd.pop("flex", None)
-                    fwd.pop("flex_sorted", None)
-                    fsorted = None  # failed: no backward row for it either
                     times = alternate(fwd, args.repeats)
                 ref = sdpa(q, k, v).float()
                 err = float((dec(q, k, v).float() - ref).abs().max())  # not a check: Focus != full attention
@@ -205,21 +207,13 @@ def main(argv=None) -> int:
                     row["forward_backward_peak_extra_bytes"] = fbm
                 except Exception as exc:  # noqa: BLE001 - report it; the forward rows still count
                     row["forward_backward_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                if fsorted is not None and "forward_backward_s" in row:
-                    try:
-                        fs = alternate({"sdpa": lambda: _fwd_bwd(sdpa, q, k, v, go),
-                                        "flex_sorted": lambda: _fwd_bwd(fsorted, q, k, v, go)},
-                                       max(3, args.repeats // 2))
-                        row["forward_backward_s"]["flex_sorted"] = fs["flex_sorted"]
-                        row["forward_backward_ratio_vs_sdpa_flex_sorted"] = fs["sdpa"] / fs["flex_sorted"]
-                    except Exception as exc:  # noqa: BLE001 - FlexAttention has no CPU backward (dry run)
-                        row["flex_sorted_backward_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
             doc["wall_s"] = time.perf_counter() - t_start
             write_json(args.out, doc)  # after every row: a run cut short by its time limit still reports
         del q, k, v, go
     doc["decode"] = decode_rows(args, dev, gen, doc)
+    doc["flex_sorted"] = flex_sorted_rows(args, dev, gen, doc)
     doc["complete"] = True
     write_json(args.out, doc)
     if args.profile and dev.type == "cuda":
@@ -255,6 +249,61 @@ def decode_rows(args, dev, gen, doc) -> list:
             print(json.dumps(row), flush=True)
             write_json(args.out, doc)
         del q, k, v
+    return rows
+
+
+def flex_sorted_rows(args, dev, gen, doc) -> list:
+    """The group-sorted FlexAttention prefill (``backend="flex-sorted"``, ``kernels/flex_sorted.py``) against SDPA and
+    the decomposed engine in one alternation, bf16, K = 8, top-1 / top-2: the default (the two FlexAttention calls
+    compiled, the layout and block masks eager) and, at top-1, the whole prefill under one compile; each variant's
+    largest difference from the decomposed engine (the same function: bf16 rounding apart, it should be ~1e-2), and
+    the default's forward + backward at top-1. Timed last: every variant compiles for tens of seconds."""
+    from focusattn.kernels.flex_sorted import sorted_flex_focus_attention
+
+    rows = doc.setdefault("flex_sorted", [])
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    for t in args.flex_sorted_lengths:
+        q = torch.randn(1, HQ, t, D, generator=gen).to(dev, dtype)
+        k, v = (torch.randn(1, HKV, t, D, generator=gen).to(dev, dtype) for _ in "kv")
+        go = torch.randn(1, HQ, t, D, generator=gen).to(dev, dtype)
+        for top_k in (1, 2):
+            memb = random_membership(t, 8, top_k, 80 + top_k).to(dev)
+
+            def dec(a, b, c, memb=memb):
+                return decomposed_focus_attention(a, b, c, memb, WINDOW)
+
+            def fsorted(a, b, c, memb=memb, top_k=top_k, whole=False):
+                return sorted_flex_focus_attention(a, b, c, memb, WINDOW, top_k=top_k, validate=False,
+                                                   whole_graph=whole)
+
+            variants = {"flex_sorted": fsorted}
+            if top_k == 1:
+                variants["flex_sorted_whole_graph"] = lambda a, b, c: fsorted(a, b, c, whole=True)
+            row = {"T": t, "K": 8, "top_k": top_k, "dtype": str(dtype).replace("torch.", ""), "window": WINDOW}
+            try:
+                with torch.no_grad():
+                    fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                           "decomposed": lambda: dec(q, k, v)}
+                    fns.update({n: (lambda f=f: f(q, k, v)) for n, f in variants.items()})
+                    times = alternate(fns, args.repeats)
+                    want = dec(q, k, v).float()
+                    row["max_abs_diff_vs_decomposed"] = {n: float((f(q, k, v).float() - want).abs().max())
+                                                         for n, f in variants.items()}
+                    row["peak_extra_bytes"] = {n: peak_extra(fns[n]) for n in ("sdpa", "decomposed", "flex_sorted")}
+                row["forward_s"] = times
+                row["forward_ratio_vs_sdpa"] = {n: times["sdpa"] / x for n, x in times.items() if n != "sdpa"}
+                if top_k == 1:
+                    fb = alternate({"sdpa": lambda: _fwd_bwd(lambda a, b, c: F.scaled_dot_product_attention(
+                                        a, b, c, is_causal=True, enable_gqa=True), q, k, v, go),
+                                    "flex_sorted": lambda: _fwd_bwd(fsorted, q, k, v, go)}, max(3, args.repeats // 2))
+                    row["forward_backward_s"] = fb
+                    row["forward_backward_ratio_vs_sdpa"] = fb["sdpa"] / fb["flex_sorted"]
+            except Exception as exc:  # noqa: BLE001 - report it (FlexAttention has no CPU backward: the dry run)
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            write_json(args.out, doc)
+        del q, k, v, go
     return rows
 
 

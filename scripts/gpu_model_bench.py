@@ -6,7 +6,7 @@ Focus top-1 / top-2 (K = 8, w = 128, one sink, online rebalancing every 256 toke
 routers), alternated in one process; peak memory of each prefill. Rows go to the JSON as they are measured, and the
 run stops starting new rows after ``--budget-s`` seconds, so it fits ``scripts/gpu_check.sh``'s time.
 
-    python scripts/gpu_model_bench.py --out runs/gpu_check/gpu_model_bench.json [--backend auto|flex-sorted]
+    python scripts/gpu_model_bench.py --out runs/gpu_check/gpu_model_bench.json [--backends auto flex-sorted]
     python scripts/gpu_model_bench.py --dry-run --out /tmp/gmb.json     # tiny lengths, 2 layers, on the CPU
 """
 from __future__ import annotations
@@ -37,12 +37,14 @@ SHAPES = {
                                intermediate_size=8192, vocab_size=128256, rope_theta=500000.0,
                                max_position_embeddings=131072, tie_word_embeddings=True),
 }
-LENGTHS = {"smollm2-135m-32k": [8192, 32768], "llama-3.2-1b-shape": [8192, 32768, 65536, 131072]}
+# the target row (the 1B shape at 64K) first: a run cut short by its time budget still has it
+LENGTHS = {"smollm2-135m-32k": [32768, 8192], "llama-3.2-1b-shape": [65536, 16384]}
 
 
-def build(name: str, dev, dtype, layers: int | None, backend: str):
-    """(original, focus top-1, focus top-2): the same random weights; Focus composed with untrained routers (one
-    model per top-k: a model's routing cache belongs to its last prefill, and decode steps are interleaved)."""
+def build(name: str, dev, dtype, layers: int | None, backends: list[str]) -> dict:
+    """``{"original": model, "top1": ..., "top2": ..., "top1@flex-sorted": ...}``: the same random weights; Focus
+    composed with untrained routers (one model per top-k and backend: a model's routing cache belongs to its last
+    prefill, and decode steps are interleaved); the first backend's variants are named by top-k alone."""
     import transformers as tr
 
     import focusattn as fa
@@ -53,22 +55,24 @@ def build(name: str, dev, dtype, layers: int | None, backend: str):
     cfg = tr.LlamaConfig(**kw, attn_implementation="sdpa")
     torch.manual_seed(0)
     base = tr.LlamaForCausalLM(cfg).to(dev, dtype).eval()
-    out = [base]
-    for k in (1, 2):
-        focus = tr.LlamaForCausalLM(copy.deepcopy(cfg)).to(dev, dtype)  # compose changes its config's attention
-        focus.load_state_dict(base.state_dict())
-        torch.manual_seed(1)  # the same routers for both
-        fa.compose(focus, fa.FocusConfig(num_groups=8, window=128, top_k=k, sink_tokens=1, rebalance=256,
-                                         backend=backend))
-        out.append(focus.eval())
-    return tuple(out)
+    out = {"original": base}
+    for i, backend in enumerate(backends):
+        for k in (1, 2):
+            focus = tr.LlamaForCausalLM(copy.deepcopy(cfg)).to(dev, dtype)  # compose changes its config's attention
+            focus.load_state_dict(base.state_dict())
+            torch.manual_seed(1)  # the same routers for all
+            fa.compose(focus, fa.FocusConfig(num_groups=8, window=128, top_k=k, sink_tokens=1, rebalance=256,
+                                             backend=backend))
+            out[f"top{k}" if i == 0 else f"top{k}@{backend}"] = focus.eval()
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--backend", default="auto", help="Focus kernel backend (auto, decomposed, flex-sorted)")
+    ap.add_argument("--shapes", nargs="+", default=["llama-3.2-1b-shape", "smollm2-135m-32k"], choices=list(SHAPES))
+    ap.add_argument("--backends", nargs="+", default=["auto"],
+                    help="Focus kernel backends, each a top-1 and a top-2 variant (auto, decomposed, flex-sorted)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=150.0, help="start no new row after this many seconds")
@@ -83,19 +87,18 @@ def main(argv=None) -> int:
     t_start, rows = time.perf_counter(), []
     doc = {"schema": "focusattn.gpu_model_bench/1", "weights": "random (real shapes)",
            "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu (dry run)",
-           "torch": torch.__version__, "dtype": str(dtype).replace("torch.", ""), "backend": args.backend,
+           "torch": torch.__version__, "dtype": str(dtype).replace("torch.", ""), "backends": args.backends,
            "focus": "K=8, w=128, 1 sink, rebalance 256, untrained routers", "time_utc":
            time.strftime("%Y-%m-%dT%H:%M:%SZ"), "command": "python scripts/gpu_model_bench.py " + " ".join(
                argv if argv is not None else sys.argv[1:]), "complete": False, "results": rows}
     for name in args.shapes:
-        base, top1, top2 = build(name, dev, dtype, 2 if args.dry_run else None, args.backend)
-        vocab = base.config.vocab_size
+        variants = build(name, dev, dtype, 2 if args.dry_run else None, args.backends)
+        vocab = variants["original"].config.vocab_size
         for t in ([256, 512] if args.dry_run else LENGTHS[name]):
             if time.perf_counter() - t_start > args.budget_s:
                 doc["stopped"] = f"time budget {args.budget_s:g}s spent before {name} T={t}"
                 break
             x = torch.randint(0, vocab, (1, t), generator=torch.Generator().manual_seed(t)).to(dev)
-            variants = {"original": base, "top1": top1, "top2": top2}  # each Focus model composed at its top-k
 
             def prefill(model, cache=False):
                 return model(x, use_cache=cache, logits_to_keep=1)
@@ -133,7 +136,7 @@ def main(argv=None) -> int:
             write_json(args.out, doc)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        del base, top1, top2
+        del variants
     doc["complete"] = "stopped" not in doc
     write_json(args.out, doc)
     return 0

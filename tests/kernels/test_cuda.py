@@ -172,18 +172,28 @@ def test_flex_on_cuda_compiles_with_gradients_and_lse():
     _check(ref, got, 1e-4)
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_sorted_flex_on_cuda_compiles_with_gradients_and_lse(top_k):
-    """The sync-free group-sorted prefill (``backend="flex-sorted"``, kernels/flex_sorted.py) compiled on CUDA:
-    outputs, LSE and gradients as the dense reference, with padding and a sink. (Written without a GPU: first run
-    on the next GPU machine.)"""
-    from focusattn.kernels.flex_sorted import sorted_flex_focus_attention
+WHOLE_GRAPH_INEXACT = pytest.mark.xfail(reason="the whole-prefill compile was not exact on an H200 with torch 2.11 "
+                                                "(2026-12-04: this case failed, the flex-calls-only ones passed)",
+                                         strict=False)
 
-    q, k, v, memb, kpm = _problem(torch.float32, t=300, top_k=top_k)
+
+@pytest.mark.parametrize("top_k,t,whole_graph", [(2, 300, False), (1, 2000, False),
+                                                 pytest.param(1, 300, True, marks=WHOLE_GRAPH_INEXACT)])
+def test_sorted_flex_on_cuda_compiles_with_gradients_and_lse(top_k, t, whole_graph):
+    """The sync-free group-sorted prefill (``backend="flex-sorted"``, kernels/flex_sorted.py) compiled on CUDA, the
+    FlexAttention calls alone (the default) and the whole prefill in one graph: outputs, LSE and gradients as the
+    dense reference, with padding and a sink; at 2000 tokens the block masks hold full blocks (no ``mask_mod``) and
+    skipped ones. (On an H200, 2026-12-04: the flex-calls-only cases at 300 tokens passed, top-1 and top-2; few cases,
+    since each compiles its own kernels, forward and backward, for tens of seconds.)"""
+    import focusattn.kernels.flex_sorted as fs
+
+    q, k, v, memb, kpm = _problem(torch.float32, t=t, top_k=top_k)
     ref = _run(lambda a, b, c: dense_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
                                                      return_lse=True), q, k, v)
-    got = _run(lambda a, b, c: sorted_flex_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
-                                                           return_lse=True, top_k=top_k), q, k, v)
+    got = _run(lambda a, b, c: fs.sorted_flex_focus_attention(a, b, c, memb, 16, key_padding_mask=kpm, sink=1,
+                                                              return_lse=True, top_k=top_k, whole_graph=whole_graph),
+               q, k, v)
+    assert not fs._WHOLE_GRAPH_FAILED, fs._WHOLE_GRAPH_FAILED  # no silent fallback
     _check(ref, got, 1e-4)
 
 
