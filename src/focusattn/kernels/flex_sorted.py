@@ -225,11 +225,11 @@ def _whole_graph():
     return torch.compile(_sorted_core)
 
 
-def _sorted_core(q, k, v, membership, sinks, keys_ok, window: int, top: int, scale: float, softcap, fn):
-    """``(out, lse)`` of the prefill after validation (module docstring); ``fn``: the FlexAttention to call (the
-    compiled one, or the plain one inside a whole-graph compile or eagerly on the CPU)."""
-    b, hq, t, _ = q.shape
-    kk = membership.shape[-1]
+def sorted_plan(membership, sinks, keys_ok, window: int, top: int):
+    """``(src, inv, mask_a, mask_b)``: the group-sorted layout (each copy's source position, each token's copies'
+    rows) and the two block masks; the device work before the FlexAttention calls (timed on its own by
+    ``scripts/flex_sorted_diag.py``)."""
+    t, kk = membership.shape[1], membership.shape[-1]
     far_ok = keys_ok & ~sinks  # a group's keys: real, not a sink (sinks are part B's)
     bits = group_bits(membership)[..., 0]  # [B, T] int64
     src, grp, inv = block_aligned(*sorted_layout(membership, top), kk)
@@ -249,6 +249,14 @@ def _sorted_core(q, k, v, membership, sinks, keys_ok, window: int, top: int, sca
     n = src.shape[1]
     mask_a = _block_mask(*sorted_blocks(src, grp, kk, window, far_ok, exact_full=not lowest_only), same_group, n)
     mask_b = _block_mask(*band_blocks(t, window, sinks, keys_ok), band, t)
+    return src, inv, mask_a, mask_b
+
+
+def _sorted_core(q, k, v, membership, sinks, keys_ok, window: int, top: int, scale: float, softcap, fn):
+    """``(out, lse)`` of the prefill after validation (module docstring); ``fn``: the FlexAttention to call (the
+    compiled one, or the plain one inside a whole-graph compile or eagerly on the CPU)."""
+    b, hq, t, _ = q.shape
+    src, inv, mask_a, mask_b = sorted_plan(membership, sinks, keys_ok, window, top)
     score_mod = None
     if softcap is not None:
         def score_mod(score, bb, h, qi, ki):
