@@ -26,6 +26,8 @@ if [ "$DRY" = 1 ]; then
   timeout 300 $PY scripts/gpu_model_bench.py --dry-run --shapes smollm2-135m-32k --backends auto flex-sorted \
     --out "$OUT/gpu_model_bench.json" \
     > "$OUT/gpu_model_bench.log" 2>&1 || bench=$?
+  # the flex-sorted diagnosis (run on its own on a GPU: python scripts/flex_sorted_diag.py), checked at a tiny length
+  timeout 120 $PY scripts/flex_sorted_diag.py --length 300 --time-length 0 > "$OUT/flex_sorted_diag.log" 2>&1 || bench=$?
   echo "gpu_check --dry-run: tests exit $status, benchmark exit $bench ($OUT/gpu_bench.json, not a measurement)"
   [ "$status" = 0 ] && [ "$bench" = 0 ]
   exit $?
