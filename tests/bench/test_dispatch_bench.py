@@ -53,3 +53,33 @@ def test_packaged_thresholds_load_and_a_larger_top_k_uses_the_largest_measured()
     top = max(table.prefill)
     assert table.prefill_min(top + 3) == table.prefill[top]
     assert dispatch.BreakEvens().prefill_min(1) == 0  # no data: the sparse engines
+
+
+def test_install_replaces_this_device_types_entry_and_keeps_the_others(tmp_path, monkeypatch):
+    """A GPU's break-evens measured with ``--device cuda --install`` must not wipe the CPU's (and a CPU re-run
+    keeps a GPU's): each device type's entry is replaced alone, with its own command."""
+    packaged = tmp_path / "dispatch.json"
+    gpu = {"prefill_decomposed_min_tokens": {"1": 65536}, "decode_gather_min_tokens": {"1": 8192},
+           "measured_on": "GPU X"}
+    packaged.write_text(json.dumps({"schema": "focusattn.dispatch/1", "devices": {"cuda": gpu}}))
+    monkeypatch.setattr(dispatch, "DATA_FILE", packaged)
+    run_dispatch_bench(tmp_path / "run", prefill_lengths=(24,), decode_lengths=(24,), top_ks=(1,), decode_top_ks=(1,),
+                       groups=4, window=4, heads=2, kv_heads=1, head_dim=8, repeats=1, decode_steps=1, layer_step=10,
+                       install=True, command="cpu run")
+    tables = dispatch.load_breakevens(packaged)
+    assert set(tables) == {"cpu", "cuda"} and tables["cuda"].prefill == {1: 65536}
+    devices = json.loads(packaged.read_text())["devices"]
+    assert devices["cpu"]["command"] == "cpu run" and devices["cuda"]["measured_on"] == "GPU X"
+
+
+def test_a_gpu_run_is_decided_on_gpu_time_and_refused_without_one(tmp_path, monkeypatch):
+    from focusattn.bench import dispatch as bench
+
+    rows = [{"T": t, "masked": {"gpu_s": m, "cpu_s": 0.0}, "decomposed": {"gpu_s": d, "cpu_s": 1.0}}
+            for t, m, d in ((4096, 1, 2), (65536, 9, 5))]
+    assert _first_win(rows, "T", "masked", "decomposed", bench._metric("cuda")) == 65536
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='cuda': no CUDA device"):
+        run_dispatch_bench(tmp_path, device="cuda")
+    with pytest.raises(ValueError, match="device='tpu': allowed 'cpu', 'cuda'"):
+        run_dispatch_bench(tmp_path, device="tpu")

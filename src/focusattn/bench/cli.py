@@ -81,9 +81,12 @@ def register(subparsers) -> None:
     d.add_argument("--repeats", type=int, default=3, help="alternated timings per point")
     d.add_argument("--decode-steps", type=int, default=30, help="decode steps timed per point")
     d.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    d.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where to measure: cpu (thread CPU time, float32) or cuda (CUDA-event time, bf16; "
+                        "e.g. --lengths 4096 8192 16384 32768 65536 --decode-lengths 8192 32768 65536 131072)")
     d.add_argument("--install", action="store_true",
-                   help="write the thresholds into the packaged kernels/dispatch.json (else point "
-                        "FOCUSATTN_DISPATCH_FILE at OUT/dispatch.json)")
+                   help="write this device type's thresholds into the packaged kernels/dispatch.json, keeping the "
+                        "other device types' (else point FOCUSATTN_DISPATCH_FILE at OUT/dispatch.json)")
     d.set_defaults(func=_dispatch_handler)
 
 
@@ -95,7 +98,7 @@ def _dispatch_handler(args) -> int:
                              window=args.window, sink=args.sink, heads=args.heads, kv_heads=args.kv_heads,
                              head_dim=args.head_dim, routing_file=args.routing_file, repeats=args.repeats,
                              decode_steps=args.decode_steps, threads=args.threads, install=args.install,
-                             command=getattr(args, "command_line", None))
+                             command=getattr(args, "command_line", None), device=args.device)
     print(render_dispatch_markdown(doc))
     where = "the packaged kernels/dispatch.json" if args.install else \
         f"{args.out}/dispatch.json (use it: FOCUSATTN_DISPATCH_FILE={args.out}/dispatch.json)"

@@ -10,12 +10,16 @@ its length), alternating the variants in one process:
 * **decode step** at each cache length and top-k: one fused call with the step's mask against gathering the keys through
   the group index (cycling over the layers' caches, as a model does); the break-even likewise.
 
-Decided on thread CPU time (one torch thread: unaffected by other jobs on a shared machine). Writes
-``dispatch_bench.json`` (every timing) and, with ``install``, the thresholds into the packaged ``dispatch.json``.
+Decided on thread CPU time on the CPU (one torch thread: unaffected by other jobs on a shared machine) and on
+CUDA-event time on a GPU (``device="cuda"``, bf16 inputs: what a GPU serves). Writes ``dispatch_bench.json`` (every
+timing) and, with ``install``, this device type's thresholds into the packaged ``dispatch.json`` (the other device
+types' entries kept).
 """
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -42,38 +46,59 @@ def _memberships(top_groups, t, k_groups, top_k, layers, seed):
     return [captured_membership(tiled, t, k_groups, top_k, layer) for layer in layers]
 
 
-def _token_major(b, t, h, d, gen):
-    """``[B, H, T, D]`` seen through a transpose of ``[B, T, H, D]``: the layout a Hugging Face model hands over."""
-    return torch.randn(b, t, h, d, generator=gen).transpose(1, 2)
+def _token_major(b, t, h, d, gen, device="cpu"):
+    """``[B, H, T, D]`` seen through a transpose of ``[B, T, H, D]``: the layout a Hugging Face model hands over
+    (bf16 on a GPU)."""
+    x = torch.randn(b, t, h, d, generator=gen)
+    return (x if device == "cpu" else x.to(device, torch.bfloat16)).transpose(1, 2)
 
 
-def _first_win(rows, key, loser, winner):
-    """Smallest ``key`` from which ``winner``'s CPU time is below ``loser``'s at that and every larger ``key``
-    (the largest measured ``key`` + 1 when it never wins there: the loser up to every measured length)."""
+def _metric(device: str) -> str:
+    """The time a device's break-evens are decided on: thread CPU seconds on the CPU, CUDA-event seconds on a GPU."""
+    return "cpu_s" if device == "cpu" else "gpu_s"
+
+
+def _first_win(rows, key, loser, winner, metric="cpu_s"):
+    """Smallest ``key`` from which ``winner``'s time (``metric``) is below ``loser``'s at that and every larger
+    ``key`` (the largest measured ``key`` + 1 when it never wins there: the loser up to every measured length)."""
     rows = sorted(rows, key=lambda r: r[key])
     best = rows[-1][key] + 1
     for r in reversed(rows):
-        if r[winner]["cpu_s"] < r[loser]["cpu_s"]:
+        if r[winner][metric] < r[loser][metric]:
             best = r[key]
         else:
             break
     return best
 
 
-def _median(xs):
-    return {"cpu_s": statistics.median(x[1] for x in xs), "wall_s": statistics.median(x[0] for x in xs)}
+def _median(xs, metric="cpu_s"):
+    return {metric: statistics.median(x[1] for x in xs), "wall_s": statistics.median(x[0] for x in xs)}
+
+
+def _timed(fn, device: str):
+    """``(out, wall seconds, decisive seconds)``: thread CPU time on the CPU, CUDA-event time on a GPU."""
+    if device == "cpu":
+        return timed_cpu(fn)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    a.record()
+    out = fn()
+    b.record()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0, a.elapsed_time(b) / 1e3
 
 
 @torch.no_grad()
-def prefill_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, window, sink, repeats, seed=0):
+def prefill_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, window, sink, repeats, seed=0,
+                 device="cpu"):
     """Per (T, top-k): median time of the whole set of layers' calls for ``masked``, ``decomposed`` and ``causal``."""
     rows = []
     scale = default_scale(head_dim)
     for t in lengths:
         gen = torch.Generator().manual_seed(seed + t)
-        q, k, v = (_token_major(1, t, h, head_dim, gen) for h in (heads, kv_heads, kv_heads))
+        q, k, v = (_token_major(1, t, h, head_dim, gen, device) for h in (heads, kv_heads, kv_heads))
         for top_k in top_ks:
-            ms = memberships_for(t, top_k)
+            ms = [m.to(device) for m in memberships_for(t, top_k)]
             fns = {
                 "masked": lambda: [dispatch.dense_branch(q, k, v, m, window, sink=sink, scale=scale,
                                                          causal_only=False) for m in ms],
@@ -82,12 +107,12 @@ def prefill_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim,
                 "causal": lambda: [torch.nn.functional.scaled_dot_product_attention(
                     q, k, v, is_causal=True, enable_gqa=True) for _ in ms],
             }
-            row = {"T": t, "top_k": top_k, "layers": len(ms), **_alternated(fns, repeats)}
+            row = {"T": t, "top_k": top_k, "layers": len(ms), **_alternated(fns, repeats, device)}
             rows.append(row)
     return rows
 
 
-def _alternated(fns: dict, rounds: int) -> dict:
+def _alternated(fns: dict, rounds: int, device: str = "cpu") -> dict:
     """Median time of each of ``fns`` over ``rounds`` rounds, called in alternating order after one warm-up call
     each (first calls allocate), so a drifting host affects every variant alike."""
     times = {name: [] for name in fns}
@@ -95,23 +120,29 @@ def _alternated(fns: dict, rounds: int) -> dict:
         fn()
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[name].append(timed_cpu(fns[name])[1:])
-    return {name: _median(ts) for name, ts in times.items()}
+            times[name].append(_timed(fns[name], device)[1:])
+    return {name: _median(ts, _metric(device)) for name, ts in times.items()}
 
 
 @torch.no_grad()
-def decode_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, window, sink, steps, seed=0):
+def decode_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, window, sink, steps, seed=0,
+                device="cpu"):
     """Per (Tk, top-k): median time of one decode step over every layer's cache, ``decode-masked`` vs ``gather``
     (the group index built once per layer, as generation keeps it), plain SDPA over all keys alongside."""
     rows = []
     scale = default_scale(head_dim)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+
+    def rand(*shape, gen):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
     for tk in lengths:
         gen = torch.Generator().manual_seed(seed + tk)
         for top_k in top_ks:
-            ms = memberships_for(tk, top_k)
-            caches = [(torch.randn(1, kv_heads, tk, head_dim, generator=gen),
-                       torch.randn(1, kv_heads, tk, head_dim, generator=gen), m, GroupIndex(m)) for m in ms]
-            q = torch.randn(1, heads, 1, head_dim, generator=gen)
+            ms = [m.to(device) for m in memberships_for(tk, top_k)]
+            caches = [(rand(1, kv_heads, tk, head_dim, gen=gen), rand(1, kv_heads, tk, head_dim, gen=gen), m,
+                       GroupIndex(m)) for m in ms]
+            q = rand(1, heads, 1, head_dim, gen=gen)
             fns = {
                 "decode-masked": lambda: [dispatch.dense_branch(q, k, v, m, window, sink=sink, scale=scale,
                                                                 causal_only=False) for k, v, m, _ in caches],
@@ -120,7 +151,7 @@ def decode_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, 
                 "causal": lambda: [torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                                    for k, v, _, _ in caches],
             }
-            row = {"Tk": tk, "top_k": top_k, "layers": len(ms), **_alternated(fns, steps)}
+            row = {"Tk": tk, "top_k": top_k, "layers": len(ms), **_alternated(fns, steps, device)}
             rows.append(row)
     return rows
 
@@ -130,9 +161,14 @@ def run_dispatch_bench(out_dir, *, prefill_lengths=(256, 512, 768, 1024, 1536, 2
                        groups: int = 8, window: int = 128, sink: int = 1, heads: int = 9, kv_heads: int = 3,
                        head_dim: int = 64, routing_file=None, layer_step: int = 5, repeats: int = 3,
                        decode_steps: int = 30, threads: int | None = 1, install: bool = False,
-                       command: str | None = None) -> dict:
+                       command: str | None = None, device: str = "cpu") -> dict:
     """Measure, write ``dispatch_bench.json`` into ``out_dir`` (and ``dispatch.json``: the thresholds), and with
-    ``install`` replace the packaged thresholds for this device type (CPU). Returns the bench document."""
+    ``install`` replace the packaged thresholds for this device type (``device``: "cpu" or "cuda"; the other
+    device types' thresholds are kept). Returns the bench document."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: allowed 'cpu', 'cuda'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda': no CUDA device visible to torch")
     if threads is not None:
         torch.set_num_threads(threads)
     for name, xs in (("prefill_lengths", prefill_lengths), ("decode_lengths", decode_lengths), ("top_ks", top_ks),
@@ -150,38 +186,45 @@ def run_dispatch_bench(out_dir, *, prefill_lengths=(256, 512, 768, 1024, 1536, 2
     layers = list(range(0, 30 if top_groups is None else top_groups.shape[0], layer_step))
     mfor = lambda t, k: _memberships(top_groups, t, groups, k, layers, 0)  # noqa: E731
     shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, window=window, sink=sink)
-    pre = prefill_rows(prefill_lengths, top_ks, mfor, repeats=repeats, **shape)
-    dec = decode_rows(decode_lengths, decode_top_ks, mfor, steps=decode_steps, **shape)
-    prefill_min = {str(k): _first_win([r for r in pre if r["top_k"] == k], "T", "masked", "decomposed")
+    pre = prefill_rows(prefill_lengths, top_ks, mfor, repeats=repeats, device=device, **shape)
+    dec = decode_rows(decode_lengths, decode_top_ks, mfor, steps=decode_steps, device=device, **shape)
+    metric = _metric(device)
+    prefill_min = {str(k): _first_win([r for r in pre if r["top_k"] == k], "T", "masked", "decomposed", metric)
                    for k in top_ks}
-    decode_min = {str(k): _first_win([r for r in dec if r["top_k"] == k], "Tk", "decode-masked", "gather")
+    decode_min = {str(k): _first_win([r for r in dec if r["top_k"] == k], "Tk", "decode-masked", "gather", metric)
                   for k in decode_top_ks}
     meta = {"command": command, "env": env(), "groups": groups, "routing_file": None if routing_file is None
             else str(routing_file), "layers": layers, **shape}
-    thresholds = {"schema": DISPATCH_SCHEMA, **meta,
-                  "devices": {"cpu": {"prefill_decomposed_min_tokens": prefill_min,
-                                      "decode_gather_min_tokens": decode_min}}}
-    doc = {"schema": SCHEMA, **meta, "repeats": repeats, "decode_steps": decode_steps,
+    entry = {"prefill_decomposed_min_tokens": prefill_min, "decode_gather_min_tokens": decode_min,
+             "command": command, "time_utc": meta["env"].get("time_utc")}  # each device type's own provenance
+    if device != "cpu":
+        entry["measured_on"] = torch.cuda.get_device_name(0)
+    thresholds = {"schema": DISPATCH_SCHEMA, **meta, "devices": {device: entry}}
+    doc = {"schema": SCHEMA, **meta, "device": device, "repeats": repeats, "decode_steps": decode_steps,
            "thresholds": thresholds["devices"], "prefill": pre, "decode": dec}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dispatch_bench.json", doc)
     write_json(out / "dispatch.json", thresholds)
-    if install:
-        write_json(dispatch.DATA_FILE, thresholds)
+    if install:  # this device type's entry replaced, the others kept (with the file's header from this run)
+        old = json.loads(dispatch.DATA_FILE.read_text()).get("devices", {}) if dispatch.DATA_FILE.exists() else {}
+        write_json(dispatch.DATA_FILE, {**thresholds, "devices": {**old, device: entry}})
         dispatch.load_breakevens(dispatch.DATA_FILE)  # it must read back
         dispatch._packaged.cache_clear()
     return doc
 
 
 def render_dispatch_markdown(doc: dict) -> str:
-    """The break-even tables: per length and top-k, each branch's time (ms, CPU, every measured layer's call)."""
-    th = doc["thresholds"]["cpu"]
-    ms = lambda r, name: f"{1e3 * r[name]['cpu_s']:.1f}"  # noqa: E731
+    """The break-even tables: per length and top-k, each branch's time (ms, CPU or GPU, every measured layer's
+    call)."""
+    device = doc.get("device", "cpu")
+    th, metric = doc["thresholds"][device], _metric(device)
+    ms = lambda r, name: f"{1e3 * r[name][metric]:.1f}"  # noqa: E731
     lines = [f"Command: `{doc.get('command')}` ({len(doc['layers'])} layers' routing of "
              f"`{doc.get('routing_file') or 'random balanced'}`, K={doc['groups']}, w={doc['window']}, "
              f"sink={doc['sink']}, {doc['heads']}/{doc['kv_heads']} heads x {doc['head_dim']}, "
-             f"{doc['env']['threads']} thread(s); times are thread CPU ms for all those layers' calls).\n",
+             + (f"{doc['env']['threads']} thread(s); times are thread CPU ms" if device == "cpu" else
+                f"{th.get('measured_on', device)}, bf16; times are CUDA-event ms") + " for all those layers' calls).\n",
              "Prefill: `masked` (one fused call with the Focus mask) vs `decomposed`; `causal` SDPA for scale "
              "(it is exact only where the mask keeps every causal pair).\n",
              "| T | top-k | masked | decomposed | causal SDPA | auto picks |", "|---|---|---|---|---|---|"]
