@@ -2,7 +2,7 @@
 # One command for a GPU machine: the CUDA kernel tests, then a short benchmark of the decomposed kernel and the
 # group-sorted FlexAttention prefill against SDPA (prefill and decode), then the whole model with random weights of
 # real shapes (scripts/gpu_model_bench.py), then auto's break-evens there (bench-dispatch --device cuda). At most
-# 6.2 min (each step has its timeout; every JSON is written row by row, so a step cut short still reports), plus the
+# 6.3 min (each step has its timeout; every JSON is written row by row, so a step cut short still reports), plus the
 # machine's start. The 2026-12-04 run (9.5 min of timeouts) spent
 # most of them compiling FlexAttention kernels (~25 s per shape and variant): those come last now, and few.
 # Usage: scripts/gpu_check.sh [--dry-run] [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json,
@@ -38,7 +38,7 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
   exit 2
 fi
 $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
-timeout 100 $PY -m pytest -q --maxfail=15 -p no:cacheprovider tests/kernels/test_cuda.py -o addopts="" -rs 2>&1 \
+timeout 110 $PY -m pytest -q --maxfail=15 -p no:cacheprovider tests/kernels/test_cuda.py -o addopts="" -rs 2>&1 \
   | tee "$OUT/pytest.log" | tail -25
 status=${PIPESTATUS[0]}
 # kernels: decomposed vs SDPA at 4K-64K, then decode steps, then the flex-sorted prefill (its compiles last)
