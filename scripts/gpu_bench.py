@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from focusattn._io import write_json  # noqa: E402
-from focusattn.bench.common import (captured_membership, load_captured, random_membership, theoretical_ratio,  # noqa: E402
-                                    work_ratio, worst_layer, zipf_membership)
+from focusattn.bench.common import (captured_membership, load_captured, random_membership,  # noqa: E402
+                                    theoretical_ratio, timed_on, work_ratio, worst_layer, zipf_membership)
 from focusattn.kernels.backends import cuda_fused_available, flash_attn_varlen  # noqa: E402
 from focusattn.kernels.decomposed import decomposed_focus_attention  # noqa: E402
 from focusattn.kernels.decomposed.driver import CUDA_VARLEN  # noqa: E402
@@ -38,16 +38,12 @@ def _sync():
 
 
 def _event_time(fn) -> float:
-    if not torch.cuda.is_available():  # --dry-run on a machine without CUDA: wall time
+    """CUDA-event seconds of one call (on a machine without CUDA, the --dry-run: its wall time)."""
+    if not torch.cuda.is_available():
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / 1e3
+    return timed_on(fn, "cuda")[2]
 
 
 def alternate(fns: dict, repeats: int) -> dict:

@@ -6,10 +6,10 @@
 # machine's start. The 2026-12-04 run (9.5 min of timeouts) spent
 # most of them compiling FlexAttention kernels (~25 s per shape and variant): those come last now, and few.
 # Usage: scripts/gpu_check.sh [--dry-run] [OUT_DIR]   (writes OUT_DIR/pytest.log, OUT_DIR/gpu_bench.json,
-# OUT_DIR/gpu_bench.log, OUT_DIR/gpu_model_bench.json and .log; default runs/gpu_check). Exit status: the tests' (the benchmark
-# runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (eager FlexAttention,
-# sync and launch counts) and the benchmark at tiny lengths on the CPU, so the script itself is checked before a GPU
-# is lent (no numbers).
+# OUT_DIR/gpu_bench.log, OUT_DIR/gpu_model_bench.json and .log; default runs/gpu_check). Exit status: the tests' (the
+# benchmark runs either way). --dry-run, on a machine without a GPU: the CPU tests of the GPU path (eager
+# FlexAttention, sync and launch counts) and the benchmark at tiny lengths on the CPU, so the script itself is checked
+# before a GPU is lent (no numbers).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 || command -v python)}
@@ -28,7 +28,8 @@ if [ "$DRY" = 1 ]; then
     --out "$OUT/gpu_model_bench.json" \
     > "$OUT/gpu_model_bench.log" 2>&1 || bench=$?
   # the flex-sorted diagnosis (run on its own on a GPU: python scripts/flex_sorted_diag.py), checked at a tiny length
-  timeout 120 $PY scripts/flex_sorted_diag.py --length 300 --time-length 0 > "$OUT/flex_sorted_diag.log" 2>&1 || bench=$?
+  timeout 120 $PY scripts/flex_sorted_diag.py --length 300 --time-length 0 > "$OUT/flex_sorted_diag.log" 2>&1 \
+    || bench=$?
   echo "gpu_check --dry-run: tests exit $status, benchmark exit $bench ($OUT/gpu_bench.json, not a measurement)"
   [ "$status" = 0 ] && [ "$bench" = 0 ]
   exit $?
@@ -42,7 +43,8 @@ timeout 110 $PY -m pytest -q --maxfail=15 -p no:cacheprovider tests/kernels/test
   | tee "$OUT/pytest.log" | tail -25
 status=${PIPESTATUS[0]}
 # kernels: decomposed vs SDPA at 4K-64K, then decode steps, then the flex-sorted prefill (its compiles last)
-timeout 130 $PY scripts/gpu_bench.py --repeats 5 --out "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.log" | cut -c1-400
+timeout 130 $PY scripts/gpu_bench.py --repeats 5 --out "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.log" \
+  | cut -c1-400
 bench=${PIPESTATUS[0]}
 # the whole model, random weights of real shapes (a Llama-3.2-1B-shaped GQA config, SmolLM2-135M at 32K positions):
 # prefill and decode against SDPA; stops starting rows after 50 s

@@ -75,7 +75,8 @@ def test_sorted_flex_on_cuda_compiles_with_gradients_and_lse(top_k, t, whole_gra
     """The sync-free group-sorted prefill (``backend="flex-sorted"``, kernels/flex_sorted.py) compiled on CUDA, the
     FlexAttention calls alone (the default) and the whole prefill in one graph: outputs, LSE and gradients as the
     dense reference, with padding and a sink; at 2000 tokens the block masks hold full blocks (no ``mask_mod``) and
-    skipped ones. First in this file: gpu_check.sh's test timeout must not cut it. (On an H200, 2026-12-04: the flex-calls-only cases at 300 tokens passed, top-1 and top-2; few cases,
+    skipped ones. First in this file: gpu_check.sh's test timeout must not cut it. (On an H200, 2026-12-04: the
+    flex-calls-only cases at 300 tokens passed, top-1 and top-2; few cases,
     since each compiles its own kernels, forward and backward, for tens of seconds.)"""
     import focusattn.kernels.flex_sorted as fs
 

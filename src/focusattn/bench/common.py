@@ -109,6 +109,20 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+def timed_on(fn, device: str):
+    """``(out, wall seconds, decisive seconds)``: thread CPU time on the CPU (:func:`timed_cpu`), CUDA-event time on a
+    GPU (the work the call queued, whatever the host did meanwhile)."""
+    if device == "cpu":
+        return timed_cpu(fn)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    a.record()
+    out = fn()
+    b.record()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0, a.elapsed_time(b) / 1e3
+
+
 def timed_cpu(fn):
     """``(out, wall seconds, CPU seconds of this thread)``: with one torch thread the CPU time is the kernel's
     own work, unaffected by preemption when other jobs share the cores."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ from ..kernels.api import focus_attention
 from ..kernels.common import default_scale
 from ..kernels.decode import gather_branch
 from ..kernels.group_index import GroupIndex
-from .common import captured_membership, env, load_captured, random_membership, timed_cpu
+from .common import captured_membership, env, load_captured, random_membership, timed_on
 
 SCHEMA = "focusattn.dispatch_bench/1"
 DISPATCH_SCHEMA = "focusattn.dispatch/1"
@@ -75,19 +74,6 @@ def _median(xs, metric="cpu_s"):
     return {metric: statistics.median(x[1] for x in xs), "wall_s": statistics.median(x[0] for x in xs)}
 
 
-def _timed(fn, device: str):
-    """``(out, wall seconds, decisive seconds)``: thread CPU time on the CPU, CUDA-event time on a GPU."""
-    if device == "cpu":
-        return timed_cpu(fn)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    a.record()
-    out = fn()
-    b.record()
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0, a.elapsed_time(b) / 1e3
-
-
 @torch.no_grad()
 def prefill_rows(lengths, top_ks, memberships_for, *, heads, kv_heads, head_dim, window, sink, repeats, seed=0,
                  device="cpu"):
@@ -120,7 +106,7 @@ def _alternated(fns: dict, rounds: int, device: str = "cpu") -> dict:
         fn()
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[name].append(_timed(fns[name], device)[1:])
+            times[name].append(timed_on(fns[name], device)[1:])
     return {name: _median(ts, _metric(device)) for name, ts in times.items()}
 
 

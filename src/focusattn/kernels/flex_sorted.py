@@ -121,9 +121,9 @@ def _block_mask(partial: torch.Tensor, full: torch.Tensor, mask_mod, length: int
 
 
 def sorted_blocks(src, grp, kk: int, window: int, far_ok, exact_full: bool):
-    """``(candidate, full)`` ``[B, nb, nb]`` bools of part A's block mask in the group-sorted layout: query block ``i`` needs key block ``j <= i`` only where their
-    group ranges overlap and some key is beyond the window of some query (copies sort by group, then position, so a
-    group's keys never follow its queries). A block is full (one group on both sides, every key beyond every query's
+    """``(candidate, full)`` ``[B, nb, nb]`` bools of part A's block mask in the group-sorted layout: query block
+    ``i`` needs key block ``j <= i`` only where their group ranges overlap and some key is beyond the window of
+    some query (copies sort by group, then position, so a group's keys never follow its queries). A block is full (one group on both sides, every key beyond every query's
     window, no sink or padding) only with ``exact_full`` (top-1: with several groups per token the lowest-shared-group
     rule can drop pairs inside a block)."""
     n, dev = src.shape[1], src.device
@@ -145,7 +145,8 @@ def sorted_blocks(src, grp, kk: int, window: int, far_ok, exact_full: bool):
 
 
 def band_blocks(t: int, window: int, sinks, keys_ok):
-    """``(candidate, full)`` ``[B, nb, nb]`` bools of part B's block mask in the original layout: the causal band of ``window`` keys behind each query, and any block
+    """``(candidate, full)`` ``[B, nb, nb]`` bools of part B's block mask in the original layout: the causal band
+    of ``window`` keys behind each query, and any block
     holding a sink or global key; full where every key is causal, within the window of every query and real."""
     dev = sinks.device
     nb = -(-t // BLOCK)
