@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
         check_shared(args)  # before any work: a bad shared flag or an unwritable --out fails now, not after an hour
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        dist.barrier()  # under torchrun every rank leaves together: one tearing gloo down early aborted another
+        return rc
     except (ValueError, RuntimeError, OSError) as e:  # bad input, unwritable or full disk: one line, nothing else
         if args.verbose:
             raise

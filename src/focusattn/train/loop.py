@@ -216,7 +216,10 @@ def train_loop(
             if done % cfg.checkpoint_every == 0 or done == cfg.steps or done == stop_at:
                 save(done)
             if stop_at is not None and stop_at <= done < cfg.steps:
-                return LoopResult(done, elapsed, True)
+                break
     finally:
         bar.close()
-    return LoopResult(done, elapsed, False)
+    # No rank leaves (and tears the process group down) while rank 0 still writes the checkpoint: a rank that did
+    # made gloo abort the other ("terminate called without an active exception", seen in CI after --stop-at).
+    dist.barrier()
+    return LoopResult(done, elapsed, done < cfg.steps)
