@@ -217,7 +217,7 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
                     "or 'induction:N+duplicate:M'")
 
 
-SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "dense_heads")
+SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "dense_heads")
 
 
 def add_serve_overrides(p) -> None:
@@ -238,6 +238,9 @@ def add_serve_overrides(p) -> None:
     p.add_argument("--budget", type=float, default=None,
                    help="override a key-space adapter's budget: the share of each query's distant keys its groups "
                         "fill (FocusConfig.budget, in (0, 1]; the centroids stay as fitted)")
+    p.add_argument("--key-scores", choices=("centroids", "means"), default=None,
+                   help="override what a key-space adapter's queries rank groups by: the fitted centroids or the "
+                        "means of the group's keys in the sequence before the query's window (FocusConfig.key_scores)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

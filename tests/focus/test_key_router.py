@@ -1,5 +1,7 @@
 """The key-space router (``FocusConfig.router_input="keys"``): its budget rule against a one-query-at-a-time
 reference, causal (chunked prefill = one prefill), padding-invariant, and the config's errors."""
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,12 +9,13 @@ from hypothesis import strategies as st
 
 from focusattn._errors import InputError
 from focusattn.focus.config import FocusConfig
+from focusattn.focus import key_router
 from focusattn.focus.key_router import KeyRouter, key_features
 
 
-def _router(k_groups, width, window, sink, budget, seed=0):
+def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids"):
     cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
-                      top_k=1, budget=budget)
+                      top_k=1, budget=budget, key_scores=key_scores)
     r = KeyRouter(width, cfg)
     r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
     return r
@@ -21,7 +24,9 @@ def _router(k_groups, width, window, sink, budget, seed=0):
 def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     """One query at a time, with plain Python: its distant keys (real, not among the first ``sink`` real tokens,
     distance > window) per group, then groups holding some of them in descending score until the budget (the
-    crossing one when nearer), at least the best one."""
+    crossing one when nearer), at least the best one. Scores: the query against the centroids, or with
+    ``key_scores="means"`` against the mean of each group's real, non-sink keys before ``lim`` (the query's
+    position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key."""
     cfg, w = r.cfg, r.width
     c = r.centroids
     b, t, _ = h.shape
@@ -31,6 +36,13 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     for bi in range(b):
         rank = torch.cumsum(valid[bi].long(), 0)
         for i in range(t):
+            if cfg.key_scores == "means":
+                lim = max(0, (i - cfg.window) // key_router.MEANS_BLOCK * key_router.MEANS_BLOCK)
+                for g in range(cfg.num_groups):
+                    members = [j for j in range(lim) if valid[bi, j] and rank[j] > cfg.sink_tokens
+                               and int(ids[bi, j]) == g]
+                    mean = (c[g] + sum((h[bi, j, :w] for j in members), torch.zeros(w))) / (len(members) + 1)
+                    scores[bi, i, g] = h[bi, i, w:] @ mean
             counts = [0] * cfg.num_groups
             for j in range(t):
                 if j < i - cfg.window and valid[bi, j] and rank[j] > cfg.sink_tokens:
@@ -75,6 +87,37 @@ def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k
         rest = r(h[:, split:], mask=valid[:, split:] if padded else None, start=split, memo=memo)
         got = torch.cat([first.query_membership, rest.query_membership], 1)
         assert torch.equal(got & rows, routing.query_membership & rows)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
+       window=st.sampled_from([0, 1, 3, 8]), sink=st.sampled_from([0, 1, 2]), block=st.sampled_from([1, 3, 4]),
+       budget=st.sampled_from([0.05, 0.3, 0.5, 1.0]), padded=st.booleans(), split=st.integers(0, 40))
+def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, k_groups, window, sink, block, budget,
+                                                                    padded, split):
+    """``key_scores="means"``: the budget rule over the sequence's own group means (the reference, block-granular
+    ``lim``); a prefill of ``split`` tokens then one-token steps give the one prefill's groups (the means' state
+    crosses block boundaries in the steps)."""
+    width = 4
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if padded:
+        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    r = _router(k_groups, width, window, sink, budget, seed, key_scores="means")
+    rows = valid[..., None]
+    with patch.object(key_router, "MEANS_BLOCK", block):
+        ids, want = _reference(r, h, valid)
+        routing = r(h, mask=valid if padded else None, memo={})
+        assert torch.equal(routing.query_membership & rows, want & rows)
+        split = min(split, t - 1)
+        memo, got = {}, []
+        if split > 0:
+            got.append(r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo).query_membership)
+        for i in range(split, t):
+            got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
+                         memo=memo).query_membership)
+    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
 
 
 def test_random_key_routing_is_a_budget_baseline_of_positions_only():
@@ -140,6 +183,7 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(routing="sequence"), "routing"),
     (dict(routing="x"), "routing"),
     (dict(router_input="values"), "router_input"),
+    (dict(key_scores="medians"), "key_scores"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):
     kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes
@@ -151,4 +195,6 @@ def test_bad_key_router_configs_name_the_field(changes, field):
 def test_a_budget_needs_the_key_router():
     with pytest.raises(InputError, match="budget"):
         FocusConfig(budget=0.2)
+    with pytest.raises(InputError, match="key_scores"):
+        FocusConfig(key_scores="means")
     assert FocusConfig(num_groups=8, router_input="keys", top_k=1, budget=0.2).roles

@@ -9,6 +9,7 @@ from ..kernels.soft import GATES
 
 ROUTINGS = ("causal", "sequence", "random")  # implemented by router.FocusRouter
 ROUTER_INPUTS = ("hidden", "keys")  # router.FocusRouter, key_router.KeyRouter
+KEY_SCORES = ("centroids", "means")  # what a key-space router's queries score (key_router.KeyRouter)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class FocusConfig:
         DECISIONS.md, "Routing in the layer's own key space"). Hard routing only (``top_k=1``), causal.
     budget: with ``router_input="keys"``, the share of each query's distant keys (beyond the window, after the sinks)
         that its groups hold, in (0, 1]; 0 with ``"hidden"``.
+    key_scores: with ``router_input="keys"``, what a query ranks groups by: ``"centroids"`` (the fitted ones) or
+        ``"means"`` (the means of the group's keys in this sequence before the query's window, the centroid counted
+        as one key; causal; ``KeyRouter._mean_scores``). Why ``"means"``: a key unlike the calibration text (a
+        passkey's digits) joins a centroid without moving it, so no query ranks its group for it.
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -106,6 +111,7 @@ class FocusConfig:
     dense_heads: tuple[tuple[int, int], ...] = ()
     router_input: str = "hidden"
     budget: float = 0.0
+    key_scores: str = "centroids"
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -193,6 +199,10 @@ class FocusConfig:
         if self.router_input == "hidden" and self.budget != 0:
             bad("budget", "0 with router_input='hidden' (the budget is the key-space router's; set router_input="
                 "'keys')")
+        if self.key_scores not in KEY_SCORES:
+            bad("key_scores", KEY_SCORES)
+        if self.router_input == "hidden" and self.key_scores != "centroids":
+            bad("key_scores", "'centroids' with router_input='hidden' (the key-space router's choice)")
         if self.router_input == "keys":
             if not 0 < self.budget <= 1:
                 bad("budget", "a float in (0, 1] with router_input='keys' (the share of each query's distant keys)")

@@ -26,6 +26,10 @@ from ..kernels.recall import fill_budget, group_mean_queries, keys_side_by_side
 from .config import FocusConfig
 from .router import Routing, position_draws
 
+# Queries per mean (``FocusConfig.key_scores="means"``): the group means a query scores are those of the keys before
+# its window, taken at this granularity so a prefill computes one mean per group per block of queries.
+MEANS_BLOCK = 64
+
 
 def key_features(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """The router input of a call's new tokens: ``[B, Tq, 2 W]``, each token's keys side by side (``W = Hkv * D``)
@@ -68,7 +72,7 @@ class KeyRouter(nn.Module):
             scores = position_draws(start, t, cfg.num_groups, h.device, salt=1).expand(b, t, cfg.num_groups)
         else:
             ids = self.clusters(h[..., :w])
-            scores = h[..., w:].float() @ self.centroids.float().t()  # [B, T, K]
+            scores = None if cfg.key_scores == "means" else h[..., w:].float() @ self.centroids.float().t()  # [B,T,K]
         state = None if memo is None or start == 0 else memo.get("keys")
         if start > 0 and (state is None or state["n"] != start):
             raise ValueError(f"the key-space router needs the groups of the {start} earlier tokens: start generation "
@@ -79,6 +83,9 @@ class KeyRouter(nn.Module):
                                                                                               device=h.device),
                      "at": 0, "count": torch.zeros(b, cfg.num_groups, dtype=torch.int32, device=h.device)}
         rank = state["real"][:, None] + valid.long().cumsum(1)  # 1-based among real tokens
+        if scores is None:
+            scores = self._mean_scores(h, ids, valid & (rank > cfg.sink_tokens), start,
+                                       None if memo is None or start == 0 else memo.get("means"), memo)
         # the tokens from position `at` on (those not yet counted: at most the window's, in a decode step)
         countable = torch.cat([state["countable"], valid & (rank > cfg.sink_tokens)], 1)  # real, not a sink
         tail_ids = torch.cat([state["ids"], ids], 1)
@@ -102,6 +109,50 @@ class KeyRouter(nn.Module):
                             "real": rank[:, -1], "at": last, "count": prefix[:, -1]}
         membership = F.one_hot(ids, cfg.num_groups).to(torch.bool)
         return Routing(membership.float(), membership, query_membership=qmem)
+
+    def _mean_scores(self, h, ids, countable, start: int, state: dict | None, memo: dict | None) -> torch.Tensor:
+        """``FocusConfig.key_scores="means"``: each query scores a group by its KV-group-mean query against the mean
+        of the group's keys *in this sequence* before ``lim = floor((i - window) / MEANS_BLOCK) * MEANS_BLOCK``
+        (real, not sinks; all distant to it), the fitted centroid counted as one more key (a prior: a group
+        with no such key scores its centroid). ``[B, T, K]`` float.
+
+        Why: the fitted centroids summarise the calibration text's keys; a key unlike them (a passkey's digits in
+        news) joins the nearest centroid but does not move it, so no query ranks its group for it. The sequence's own
+        means do, as the k-means baseline's per-input clusters do, but causally: only keys before the query's window,
+        at block granularity so a prefill keeps one mean per ``MEANS_BLOCK`` queries. Sums are float64 and added in
+        position order, so a chunked prefill or decode steps give the prefill's scores (``memo["means"]``: the sums
+        before ``s0`` and the key features from ``s0`` on)."""
+        cfg, w = self.cfg, self.width
+        b, t, _ = h.shape
+        kk, blk = cfg.num_groups, MEANS_BLOCK
+        keys = h[..., :w].double()
+        if state is None:
+            state = {"s0": 0, "sum": keys.new_zeros(b, kk, w), "cnt": keys.new_zeros(b, kk), "feat": keys[:, :0],
+                     "ids": ids[:, :0], "ok": countable[:, :0]}
+        s0 = state["s0"]
+        feat = torch.cat([state["feat"], keys], 1)  # positions s0 .. start + t - 1
+        fid = torch.cat([state["ids"], ids], 1)
+        ok = torch.cat([state["ok"], countable], 1)
+        x = feat * ok[..., None]
+        pos = torch.arange(start, start + t, device=h.device)
+        lim = torch.div(pos - cfg.window, blk, rounding_mode="floor").clamp_min(0) * blk  # nondecreasing
+        total, cnt = state["sum"].clone(), state["cnt"].clone()
+        prior = self.centroids.double()
+        scores = torch.empty(b, t, kk, dtype=torch.float32, device=h.device)
+        upto, at = s0, 0
+        runs, counts = torch.unique_consecutive(lim, return_counts=True)
+        for edge, n in zip(runs.tolist(), counts.tolist()):  # queries sharing a boundary: one set of means
+            for bi in range(b):  # keys up to the boundary, in position order (the same additions in any chunking)
+                total[bi].index_add_(0, fid[bi, upto - s0:edge - s0], x[bi, upto - s0:edge - s0])
+                cnt[bi].index_add_(0, fid[bi, upto - s0:edge - s0], ok[bi, upto - s0:edge - s0].double())
+            upto = max(upto, edge)
+            mu = ((total + prior) / (cnt + 1)[..., None]).float()  # [B, K, W]
+            scores[:, at:at + n] = h[:, at:at + n, w:].float() @ mu.transpose(1, 2)
+            at += n
+        if memo is not None:
+            memo["means"] = {"s0": upto, "sum": total, "cnt": cnt, "feat": feat[:, upto - s0:],
+                             "ids": fid[:, upto - s0:], "ok": ok[:, upto - s0:]}
+        return scores
 
     def served(self, h: torch.Tensor, top_k: int, key_top_k: int | None = None) -> Routing:
         """The routing this router serves on one full sequence's features (the only one: its config's)."""
