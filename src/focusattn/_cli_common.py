@@ -217,7 +217,8 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
                     "or 'induction:N+duplicate:M'")
 
 
-SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "dense_heads")
+SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "rank_block",
+                   "dense_heads")
 
 
 def add_serve_overrides(p) -> None:
@@ -241,6 +242,10 @@ def add_serve_overrides(p) -> None:
     p.add_argument("--key-scores", choices=("centroids", "means"), default=None,
                    help="override what a key-space adapter's queries rank groups by: the fitted centroids or the "
                         "means of the group's keys in the sequence before the query's window (FocusConfig.key_scores)")
+    p.add_argument("--rank-block", type=int, default=None,
+                   help="override how a key-space adapter's queries rank groups: 0 = each by its own scores, B = the "
+                        "queries of each B-position block by the previous block's mean (64 = the keyed engine's "
+                        "block; FocusConfig.rank_block)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

@@ -154,6 +154,11 @@ def test_pareto_names_the_serving_settings_a_command_added():
     lean = {"adapter": "runs/keys/k64L/adapter", "focus_config": {"budget": 0.12},
             "command": "focusattn long-eval --adapter runs/keys/k64L/adapter --budget 0.12"}
     assert _adapter_name(lean) == "runs/keys/k64L +budget 0.12"
+    means = {"adapter": "smollm2-135m-focus-keys256", "focus_config": {"key_scores": "means"},
+             "command": "focusattn long-eval --adapter smollm2-135m-focus-keys256 --key-scores means"}
+    assert _adapter_name(means) == "smollm2-135m-focus-keys256 +means"
+    assert _adapter_name({**means, "command": "focusattn long-eval --adapter x --key-scores centroids",
+                          "focus_config": {"key_scores": "centroids"}}) == "smollm2-135m-focus-keys256"
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):

@@ -13,9 +13,9 @@ from focusattn.focus import key_router
 from focusattn.focus.key_router import KeyRouter, key_features
 
 
-def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids"):
+def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0):
     cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
-                      top_k=1, budget=budget, key_scores=key_scores)
+                      top_k=1, budget=budget, key_scores=key_scores, rank_block=rank_block)
     r = KeyRouter(width, cfg)
     r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
     return r
@@ -26,7 +26,9 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     distance > window) per group, then groups holding some of them in descending score until the budget (the
     crossing one when nearer), at least the best one. Scores: the query against the centroids, or with
     ``key_scores="means"`` against the mean of each group's real, non-sink keys before ``lim`` (the query's
-    position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key."""
+    position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key.
+    With ``rank_block = B`` a query in the ``n``-th block of ``B`` real tokens (n > 0) ranks by the mean of those
+    scores over the real queries of block ``n - 1``."""
     cfg, w = r.cfg, r.width
     c = r.centroids
     b, t, _ = h.shape
@@ -43,6 +45,14 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
                                and int(ids[bi, j]) == g]
                     mean = (c[g] + sum((h[bi, j, :w] for j in members), torch.zeros(w))) / (len(members) + 1)
                     scores[bi, i, g] = h[bi, i, w:] @ mean
+        if cfg.rank_block:
+            block = [max(0, (int(rank[i]) - 1) // cfg.rank_block) for i in range(t)]
+            own = scores[bi].clone()
+            for i in range(t):
+                prev = [j for j in range(t) if valid[bi, j] and block[j] == block[i] - 1]
+                if prev:
+                    scores[bi, i] = (sum(own[j].double() for j in prev) / len(prev)).float()
+        for i in range(t):
             counts = [0] * cfg.num_groups
             for j in range(t):
                 if j < i - cfg.window and valid[bi, j] and rank[j] > cfg.sink_tokens:
@@ -120,6 +130,56 @@ def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, 
     assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
+       window=st.sampled_from([0, 3, 8]), sink=st.sampled_from([0, 1]), rank_block=st.sampled_from([1, 2, 3, 5]),
+       key_scores=st.sampled_from(["centroids", "means"]), budget=st.sampled_from([0.05, 0.3, 0.5]),
+       padded=st.booleans(), split=st.integers(0, 40))
+def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b, t, k_groups, window, sink,
+                                                                        rank_block, key_scores, budget, padded,
+                                                                        split):
+    """``rank_block``: each block of real tokens ranks by the previous block's mean scores (the reference); a
+    prefill of ``split`` tokens then one-token steps give the one prefill's groups, across block boundaries and
+    left padding (blocks count real tokens)."""
+    width = 4
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if padded:
+        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block)
+    rows = valid[..., None]
+    with patch.object(key_router, "MEANS_BLOCK", 4):
+        _, want = _reference(r, h, valid)
+        routing = r(h, mask=valid if padded else None, memo={})
+        assert torch.equal(routing.query_membership & rows, want & rows)
+        split = min(split, t - 1)
+        memo, got = {}, []
+        if split > 0:
+            got.append(r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo).query_membership)
+        for i in range(split, t):
+            got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
+                         memo=memo).query_membership)
+    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
+
+
+def test_shared_rankings_make_a_blocks_groups_nested():
+    """Why ``rank_block``: queries of one block fill their budgets from one order, so each query's groups are a
+    prefix of the block's last query's order, and the block's union is far smaller than with own rankings."""
+    torch.manual_seed(0)
+    h = torch.randn(1, 512, 16)
+    own = _router(32, 8, 16, 1, 0.2)(h).query_membership[0]
+    shared = _router(32, 8, 16, 1, 0.2, rank_block=64)(h).query_membership[0]
+    u_own = sum(int(own[i:i + 64].any(0).sum()) for i in range(0, 512, 64))
+    u_shared = sum(int(shared[i:i + 64].any(0).sum()) for i in range(0, 512, 64))
+    assert u_shared < u_own / 2
+    for i in range(64, 512, 64):  # within a block, the sets are nested (a query with more distant keys takes more)
+        blk = shared[i:i + 64]
+        sizes = blk.sum(-1)
+        big = blk[sizes.argmax()]
+        assert bool((blk & ~big).sum() == 0)
+
+
 def test_random_key_routing_is_a_budget_baseline_of_positions_only():
     """``routing="random"`` (long-eval's random baseline for a key-space adapter): each key a random group and each
     query ranking the groups at random, by absolute position (not the text), filled to the same budget; a prefill
@@ -184,6 +244,9 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(routing="x"), "routing"),
     (dict(router_input="values"), "router_input"),
     (dict(key_scores="medians"), "key_scores"),
+    (dict(rank_block=-1), "rank_block"),
+    (dict(rank_block=True), "rank_block"),
+    (dict(rank_block=1.5), "rank_block"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):
     kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes
@@ -197,4 +260,6 @@ def test_a_budget_needs_the_key_router():
         FocusConfig(budget=0.2)
     with pytest.raises(InputError, match="key_scores"):
         FocusConfig(key_scores="means")
+    with pytest.raises(InputError, match="rank_block"):
+        FocusConfig(rank_block=64)
     assert FocusConfig(num_groups=8, router_input="keys", top_k=1, budget=0.2).roles

@@ -78,6 +78,11 @@ class FocusConfig:
         ``"means"`` (the means of the group's keys in this sequence before the query's window, the centroid counted
         as one key; causal; ``KeyRouter._mean_scores``). Why ``"means"``: a key unlike the calibration text (a
         passkey's digits) joins a centroid without moving it, so no query ranks its group for it.
+    rank_block: with ``router_input="keys"``, 0 (each query ranks the groups by its own scores) or ``B``: the
+        queries of each block of ``B`` positions rank them by the mean scores of the previous block's queries
+        (``KeyRouter._shared_scores``; causal), so they fill their budgets with prefixes of one order. Why: the keyed
+        engine computes, per 64 queries (``kernels.decomposed.keyed.QUERY_BLOCK``, the block to use), every key of
+        the groups any of them joined; with shared rankings that union is about one query's set.
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -112,6 +117,7 @@ class FocusConfig:
     router_input: str = "hidden"
     budget: float = 0.0
     key_scores: str = "centroids"
+    rank_block: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -203,6 +209,10 @@ class FocusConfig:
             bad("key_scores", KEY_SCORES)
         if self.router_input == "hidden" and self.key_scores != "centroids":
             bad("key_scores", "'centroids' with router_input='hidden' (the key-space router's choice)")
+        if isinstance(self.rank_block, bool) or not isinstance(self.rank_block, int) or self.rank_block < 0:
+            bad("rank_block", "0 or a positive number of positions (64 = the keyed engine's query block)")
+        if self.router_input == "hidden" and self.rank_block:
+            bad("rank_block", "0 with router_input='hidden' (the key-space router's choice)")
         if self.router_input == "keys":
             if not 0 < self.budget <= 1:
                 bad("budget", "a float in (0, 1] with router_input='keys' (the share of each query's distant keys)")
