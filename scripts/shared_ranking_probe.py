@@ -10,6 +10,8 @@ pairs over the kept pairs per block:
 * ``own`` / ``own-means``: each query its own scores (today's serving; ``key_scores`` centroids / means);
 * ``prev`` / ``prev-means``: the block ranks by the mean scores of the previous block's queries (causal: known
   before the block starts, so decode = prefill);
+* ``prev-means-own{m}``: a query's own best ``m`` groups first, then the previous block's order
+  (``FocusConfig.rank_own``);
 * ``block-means``: the block's own mean scores (not causal: a bound on what sharing can keep).
 
     python scripts/shared_ranking_probe.py --adapter smollm2-135m-focus-keys256 --length 2048 --windows 1 \
@@ -64,11 +66,13 @@ def main() -> None:
     from focusattn.kernels import recall as R
     from focusattn.kernels.recall import fill_budget
     from focusattn.eval.recall import pooled
+    from focusattn.focus.key_router import own_first
 
     pair = load_pair(a.model, a.adapter, lengths=(a.length,), top_ks=(1,), threads=a.threads)
     focus, cfg = pair.focus, pair.cfg
     own = routers(focus)
-    names = ("own", "own-means", "prev", "prev-means", "block-means")
+    names = ("own", "own-means", "prev", "prev-means", "prev-means-own1", "prev-means-own2", "prev-means-own4",
+             "block-means")
     result = {"adapter": a.adapter, "T": a.length, "windows": a.windows, "splits": {}}
     for split, corpus in (("domain", "shakespeare"), ("ood", "lee-news")):
         ids = tokenize(load_corpus(corpus), pair.tokenizer, tokenizer_id=a.model)[1]
@@ -90,6 +94,10 @@ def main() -> None:
             means = r._mean_scores(h, gid[None], countable[None], 0, None, None)[0]
             scores = {"own": cent, "own-means": means, "prev": block_mean(cent, True),
                       "prev-means": block_mean(means, True), "block-means": block_mean(means, False)}
+            for m in (1, 2, 4):  # the first block has no previous one: its own scores, as the router
+                shared = own_first(means, block_mean(means, True), m)
+                shared[:BLOCK] = means[:BLOCK]
+                scores[f"prev-means-own{m}"] = shared
             masks = {}
             for n, s in scores.items():
                 qm = fill_budget(counts, s, want) & (counts > 0)

@@ -218,6 +218,7 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
 
 
 SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "rank_block",
+                   "rank_own",
                    "dense_heads")
 
 
@@ -246,6 +247,9 @@ def add_serve_overrides(p) -> None:
                    help="override how a key-space adapter's queries rank groups: 0 = each by its own scores, B = the "
                         "queries of each B-position block by the previous block's mean (64 = the keyed engine's "
                         "block; FocusConfig.rank_block)")
+    p.add_argument("--rank-own", type=int, default=None,
+                   help="with --rank-block: the groups each query takes by its own scores before the block's shared "
+                        "order (FocusConfig.rank_own)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

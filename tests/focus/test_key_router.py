@@ -13,9 +13,10 @@ from focusattn.focus import key_router
 from focusattn.focus.key_router import KeyRouter, key_features
 
 
-def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0):
+def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0, rank_own=0):
     cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
-                      top_k=1, budget=budget, key_scores=key_scores, rank_block=rank_block)
+                      top_k=1, budget=budget, key_scores=key_scores, rank_block=rank_block,
+                      rank_own=rank_own)
     r = KeyRouter(width, cfg)
     r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
     return r
@@ -28,7 +29,7 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     ``key_scores="means"`` against the mean of each group's real, non-sink keys before ``lim`` (the query's
     position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key.
     With ``rank_block = B`` a query in the ``n``-th block of ``B`` real tokens (n > 0) ranks by the mean of those
-    scores over the real queries of block ``n - 1``."""
+    scores over the real queries of block ``n - 1``, after its own best ``rank_own`` groups."""
     cfg, w = r.cfg, r.width
     c = r.centroids
     b, t, _ = h.shape
@@ -45,6 +46,7 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
                                and int(ids[bi, j]) == g]
                     mean = (c[g] + sum((h[bi, j, :w] for j in members), torch.zeros(w))) / (len(members) + 1)
                     scores[bi, i, g] = h[bi, i, w:] @ mean
+        lead = [[] for _ in range(t)]
         if cfg.rank_block:
             block = [max(0, (int(rank[i]) - 1) // cfg.rank_block) for i in range(t)]
             own = scores[bi].clone()
@@ -52,13 +54,15 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
                 prev = [j for j in range(t) if valid[bi, j] and block[j] == block[i] - 1]
                 if prev:
                     scores[bi, i] = (sum(own[j].double() for j in prev) / len(prev)).float()
+                    lead[i] = sorted(range(cfg.num_groups), key=lambda g: -float(own[i, g]))[:cfg.rank_own]
         for i in range(t):
             counts = [0] * cfg.num_groups
             for j in range(t):
                 if j < i - cfg.window and valid[bi, j] and rank[j] > cfg.sink_tokens:
                     counts[int(ids[bi, j])] += 1
             want = round(cfg.budget * sum(counts))
-            order = sorted(range(cfg.num_groups), key=lambda g: -float(scores[bi, i, g]))
+            order = lead[i] + [g for g in sorted(range(cfg.num_groups), key=lambda g: -float(scores[bi, i, g]))
+                               if g not in lead[i]]
             before = 0
             for g in order:
                 after = before + counts[g]
@@ -133,12 +137,14 @@ def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
        window=st.sampled_from([0, 3, 8]), sink=st.sampled_from([0, 1]), rank_block=st.sampled_from([1, 2, 3, 5]),
+       rank_own=st.sampled_from([0, 1, 2]),
        key_scores=st.sampled_from(["centroids", "means"]), budget=st.sampled_from([0.05, 0.3, 0.5]),
        padded=st.booleans(), split=st.integers(0, 40))
 def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b, t, k_groups, window, sink,
-                                                                        rank_block, key_scores, budget, padded,
-                                                                        split):
-    """``rank_block``: each block of real tokens ranks by the previous block's mean scores (the reference); a
+                                                                        rank_block, rank_own, key_scores, budget,
+                                                                        padded, split):
+    """``rank_block``: each block of real tokens ranks by the previous block's mean scores, after each query's own
+    best ``rank_own`` groups (the reference); a
     prefill of ``split`` tokens then one-token steps give the one prefill's groups, across block boundaries and
     left padding (blocks count real tokens)."""
     width = 4
@@ -147,7 +153,8 @@ def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b,
     valid = torch.ones(b, t, dtype=torch.bool)
     if padded:
         valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
-    r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block)
+    r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
+                rank_own=rank_own)
     rows = valid[..., None]
     with patch.object(key_router, "MEANS_BLOCK", 4):
         _, want = _reference(r, h, valid)
@@ -247,6 +254,8 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(rank_block=-1), "rank_block"),
     (dict(rank_block=True), "rank_block"),
     (dict(rank_block=1.5), "rank_block"),
+    (dict(rank_own=1), "rank_own"),
+    (dict(rank_block=64, rank_own=-1), "rank_own"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):
     kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes

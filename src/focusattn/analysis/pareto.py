@@ -20,7 +20,8 @@ def _adapter_name(doc: dict) -> str:
     ``+warm`` when it served warm-started rebalancing the adapter was not saved with (``--rebalance-warm``),
     ``+cap C`` when it served a group-size cap of its own (``--capacity``), ``+window W`` a local window of its own
     (``--window``), ``+budget B`` a key-space budget of its own (``--budget``), ``+means`` groups scored by their keys'
-    running means (``--key-scores means``), ``+rank B`` rankings shared per block (``--rank-block``), and ``+N dense heads`` when it served dense heads of its own
+    running means (``--key-scores means``), ``+rank B`` rankings shared per block (``--rank-block``), ``+own M``
+    a query's own best groups first (``--rank-own``), and ``+N dense heads`` when it served dense heads of its own
     (``--dense-heads``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
@@ -34,6 +35,7 @@ def _adapter_name(doc: dict) -> str:
     name = f"{name} +budget {cfg['budget']:g}" if "--budget" in cmd else name
     name = f"{name} +means" if cfg.get("key_scores") == "means" and "--key-scores" in cmd else name
     name = f"{name} +rank {cfg['rank_block']}" if cfg.get("rank_block") and "--rank-block" in cmd else name
+    name = f"{name} +own {cfg['rank_own']}" if cfg.get("rank_own") and "--rank-own" in cmd else name
     heads = cfg.get("dense_heads") or ()
     return f"{name} +{len(heads)} dense heads" if "--dense-heads" in cmd else name  # "+0": served without
 

@@ -83,6 +83,9 @@ class FocusConfig:
         (``KeyRouter._shared_scores``; causal), so they fill their budgets with prefixes of one order. Why: the keyed
         engine computes, per 64 queries (``kernels.decomposed.keyed.QUERY_BLOCK``, the block to use), every key of
         the groups any of them joined; with shared rankings that union is about one query's set.
+    rank_own: with ``rank_block``, how many groups a query takes by its own scores before the block's shared order
+        (0: none). Why: the shared order is the previous block's, so a lookup of the query's own (a passkey, a copy)
+        is lost without it (measured: passkey 4/6 -> 2/6 at 2048 with ``rank_own=0``).
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -118,6 +121,7 @@ class FocusConfig:
     budget: float = 0.0
     key_scores: str = "centroids"
     rank_block: int = 0
+    rank_own: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -211,6 +215,10 @@ class FocusConfig:
             bad("key_scores", "'centroids' with router_input='hidden' (the key-space router's choice)")
         if isinstance(self.rank_block, bool) or not isinstance(self.rank_block, int) or self.rank_block < 0:
             bad("rank_block", "0 or a positive number of positions (64 = the keyed engine's query block)")
+        if isinstance(self.rank_own, bool) or not isinstance(self.rank_own, int) or self.rank_own < 0:
+            bad("rank_own", "0 or a positive number of groups")
+        if self.rank_own and not self.rank_block:
+            bad("rank_own", "0 without rank_block (the groups a query takes before the block's shared order)")
         if self.router_input == "hidden" and self.rank_block:
             bad("rank_block", "0 with router_input='hidden' (the key-space router's choice)")
         if self.router_input == "keys":

@@ -39,6 +39,18 @@ def key_features(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     return torch.cat([keys_side_by_side(k), group_mean_queries(query, key.shape[1])], -1).detach()
 
 
+def own_first(own: torch.Tensor, shared: torch.Tensor, m: int) -> torch.Tensor:
+    """Scores ``[..., K]`` whose descending order is a query's best ``m`` groups by its ``own`` scores (in that order),
+    then the rest by the ``shared`` ones (``FocusConfig.rank_own``). Only the order matters to ``fill_budget``."""
+    if m <= 0:
+        return shared
+    m = min(m, own.shape[-1])
+    top = own.topk(m, -1).indices
+    lead = torch.arange(m, 0, -1, device=own.device, dtype=torch.float32).expand(top.shape)  # m .. 1
+    base = shared - shared.amax(-1, keepdim=True) - 1  # every shared score below 0, its order kept
+    return base.scatter(-1, top, lead)
+
+
 class KeyRouter(nn.Module):
     """Routing in the layer's key space; see the module docstring. ``centroids`` [K, W] is a buffer (saved with the
     adapter), fitted by ``train.key_fit.fit_key_centroids``."""
@@ -186,7 +198,8 @@ class KeyRouter(nn.Module):
                     state["sum"][r].zero_()
                     state["block"][r], state["n"][r] = blk, 0
                 if state["prev"][r] is not None:
-                    out[r, at:at + m] = state["prev"][r]
+                    out[r, at:at + m] = own_first(scores[r, at:at + m], state["prev"][r].expand(m, -1),
+                                                  self.cfg.rank_own)
                 v = valid[r, at:at + m]
                 x = scores[r, at:at + m].double() * v[:, None]
                 state["sum"][r] = torch.cat([state["sum"][r][None], x]).cumsum(0)[-1]
