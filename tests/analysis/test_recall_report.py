@@ -105,3 +105,17 @@ def test_render_imitation_curve_has_a_row_per_run_linear_first_by_windows():
                                                   ["| linear, + 1 previous token's input", "40"]]
     assert "50% / 29.0% | 40.0% (20%) | 25.0% (14%) | 19.0% | 60.0% |" in rows[0]
     assert "layers 3, 9" in text and text.count("- `python scripts/partition_imitation.py") == 4
+
+
+def test_render_shared_ranking_has_a_row_per_ranking_and_the_union_per_split():
+    from focusattn.analysis.recall_report import render_shared_ranking
+
+    doc = {"command": "python scripts/shared_ranking_probe.py --out x.json", "adapter": "a", "T": 2048, "windows": 1,
+           "splits": {s: {"own": {"dropped_distant": 0.3, "keys_per_query": 9, "union_over_kept": 2.9},
+                          "prev": {"dropped_distant": 0.34 + d, "keys_per_query": 9, "union_over_kept": 1.2},
+                          "oracle@own": {"dropped_distant": 0.2, "keys_per_query": 9}}
+                      for s, d in (("domain", 0.0), ("ood", 0.01))}}
+    text = render_shared_ranking(doc)
+    assert "| own | 30.0% | 2.90x | 30.0% | 2.90x |" in text
+    assert "| prev | 34.0% | 1.20x | 35.0% | 1.20x |" in text
+    assert "| oracle@own | 20.0% | — | 20.0% | — |" in text

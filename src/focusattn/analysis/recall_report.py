@@ -186,6 +186,29 @@ def render_router_recall(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_shared_ranking(doc: dict) -> str:
+    """``scripts/shared_ranking_probe.py``: per-query rankings of the key groups against one ranking per 64-query
+    block (the previous block's mean scores, ``FocusConfig.rank_block``): distant attention dropped and the keyed
+    engine's union over the kept pairs."""
+    splits = list(doc["splits"])
+    masks = list(dict.fromkeys(m for s in splits for m in doc["splits"][s]))
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Adapter `{doc['adapter']}` at T = {doc['T']}, {doc['windows']} held-out window(s) per split. Cells: "
+             "distant attention dropped; union / kept: the pairs of every group some query of a 64-query block "
+             "joined over the pairs the mask keeps (what the keyed engine computes per kept pair).", "",
+             "| ranking | " + " | ".join(f"dropped {s} | union / kept {s}" for s in splits) + " |",
+             "|---|" + "---|---|" * len(splits)]
+    for m in masks:
+        cells = []
+        for s in splits:
+            r = doc["splits"][s].get(m)
+            cells += ["—", "—"] if r is None else [f"{100 * r['dropped_distant']:.1f}%",
+                                                   f"{r['union_over_kept']:.2f}x" if "union_over_kept" in r
+                                                   else "—"]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_key_clusters(doc: dict) -> str:
     """``scripts/key_clusters_probe.py``: ClusterKV-style selection in each layer's own key space (centroids fitted
     per sequence, or once on training text) at the served top-1 mask's budget per query, beside that mask and the
