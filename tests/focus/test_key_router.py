@@ -103,6 +103,25 @@ def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k
         assert torch.equal(got & rows, routing.query_membership & rows)
 
 
+def _matches_reference_then_steps(r, h, valid, padded, split, block):
+    """The one prefill against :func:`_reference`, then a prefill of ``split`` tokens and one-token steps against
+    the one prefill (``MEANS_BLOCK`` patched to ``block``)."""
+    t = h.shape[1]
+    rows = valid[..., None]
+    with patch.object(key_router, "MEANS_BLOCK", block):
+        ids, want = _reference(r, h, valid)
+        routing = r(h, mask=valid if padded else None, memo={})
+        assert torch.equal(routing.query_membership & rows, want & rows)
+        split = min(split, t - 1)
+        memo, got = {}, []
+        if split > 0:
+            got.append(r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo).query_membership)
+        for i in range(split, t):
+            got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
+                         memo=memo).query_membership)
+    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
        window=st.sampled_from([0, 1, 3, 8]), sink=st.sampled_from([0, 1, 2]), block=st.sampled_from([1, 3, 4]),
@@ -119,19 +138,7 @@ def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, 
     if padded:
         valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
     r = _router(k_groups, width, window, sink, budget, seed, key_scores="means")
-    rows = valid[..., None]
-    with patch.object(key_router, "MEANS_BLOCK", block):
-        ids, want = _reference(r, h, valid)
-        routing = r(h, mask=valid if padded else None, memo={})
-        assert torch.equal(routing.query_membership & rows, want & rows)
-        split = min(split, t - 1)
-        memo, got = {}, []
-        if split > 0:
-            got.append(r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo).query_membership)
-        for i in range(split, t):
-            got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
-                         memo=memo).query_membership)
-    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
+    _matches_reference_then_steps(r, h, valid, padded, split, block)
 
 
 @settings(max_examples=30, deadline=None)
@@ -155,19 +162,7 @@ def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b,
         valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
     r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
                 rank_own=rank_own)
-    rows = valid[..., None]
-    with patch.object(key_router, "MEANS_BLOCK", 4):
-        _, want = _reference(r, h, valid)
-        routing = r(h, mask=valid if padded else None, memo={})
-        assert torch.equal(routing.query_membership & rows, want & rows)
-        split = min(split, t - 1)
-        memo, got = {}, []
-        if split > 0:
-            got.append(r(h[:, :split], mask=valid[:, :split] if padded else None, memo=memo).query_membership)
-        for i in range(split, t):
-            got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
-                         memo=memo).query_membership)
-    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
+    _matches_reference_then_steps(r, h, valid, padded, split, 4)
 
 
 def test_shared_rankings_make_a_blocks_groups_nested():
