@@ -95,6 +95,24 @@ def test_the_key_space_adapter_ships_with_its_budget_and_commands():
     assert "focusattn bench-model --adapter smollm2-135m-focus-keys256" in card
 
 
+def test_the_means_adapter_is_keys256_served_with_means_and_measured_by_name():
+    """The same centroids as keys256 (the card says so), ``key_scores="means"`` in its config, and a card whose
+    measured rows come from runs of this very name (what a user loads)."""
+    from focusattn.hf.io import read_adapter_config
+
+    src, means = adapters.HERE / "smollm2-135m-focus-keys256", adapters.HERE / "smollm2-135m-focus-keys256-means"
+    a, b = read_adapter_config(src), read_adapter_config(means)
+    from focusattn.focus.config import FocusConfig
+
+    fc = FocusConfig.from_dict  # older configs lack the newer fields: compare with their defaults filled in
+    assert fc(b["focus_config"]) == fc({**a["focus_config"], "key_scores": "means"})
+    assert b["weights_sha256"] == a["weights_sha256"]
+    card = (means / "README.md").read_text()
+    assert "focusattn ship-adapter smollm2-135m-focus-keys256 --name smollm2-135m-focus-keys256-means" in card
+    assert "focusattn long-eval --adapter smollm2-135m-focus-keys256-means" in card
+    assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-means" in card
+
+
 @pytest.mark.parametrize("data", ["shakespeare", "lee-news"])
 @pytest.mark.parametrize("name", KEYS)
 def test_key_space_queries_keep_their_budget_on_held_out_text(name, data):

@@ -138,6 +138,42 @@ def test_a_fitted_key_adapter_ships_at_a_budget_of_its_own(tmp_path, tiny_dir, c
     assert not (tmp_path / "x").exists()
 
 
+def test_a_key_adapter_ships_again_with_other_key_scores(tmp_path, tiny_dir, capsys):
+    """A shipped key-space adapter served with ``key_scores="means"`` under a new name: the same tensors, the new
+    setting in its config (so loading the name serves it), a card pointing at the source; a hidden-state adapter,
+    no change, or the source's own name are one-line errors that write nothing."""
+    from focusattn.analysis.model_card import derive_key_adapter
+
+    out = tmp_path / "run"
+    assert main_ok(["fit-keys", "--model", str(tiny_dir / "model"), "--corpora", str(tiny_dir / "corpus"),
+                    "--windows", "1", "--length", "64", "--groups", "4", "--budget", "0.25", "--window", "8",
+                    "--out", str(out)])
+    pkg = tmp_path / "pkg"
+    shipped = derive_key_adapter(str(out / "adapter"), "tiny-means", key_scores="means", dest=pkg)
+    cfg = json.loads((shipped / "adapter_config.json").read_text())["focus_config"]
+    assert cfg["key_scores"] == "means" and cfg["budget"] == 0.25
+    assert (shipped / "adapter.safetensors").read_bytes() == (out / "adapter" / "adapter.safetensors").read_bytes()
+    card = (shipped / "README.md").read_text()
+    assert "key_scores='means'" in card and "--key-scores means" in card and str(out / "adapter") in card
+    m = fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], shipped)
+    assert fa.hf.focus_config(m).key_scores == "means"
+    from focusattn._errors import InputError
+    for kw in ({"key_scores": "nearest"}, {}):
+        with pytest.raises((InputError, ValueError)):
+            derive_key_adapter(str(out / "adapter"), "bad", dest=pkg, **kw)
+    with pytest.raises(InputError, match="name"):
+        derive_key_adapter(str(shipped), "tiny-means", key_scores="centroids", dest=pkg)
+    with pytest.raises(InputError, match="router_input"):
+        derive_key_adapter("smollm2-135m-focus-k8", "bad", key_scores="means", dest=pkg)
+    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-means"]
+
+
+def main_ok(argv) -> bool:
+    from focusattn.cli import main
+
+    return main(argv) == 0
+
+
 def test_fit_keys_fits_at_the_models_positions_by_default(tmp_path, tiny_dir):
     """Keys at positions never fitted on fall into a few groups, so the default fit covers every position."""
     from focusattn.cli import main

@@ -9,6 +9,7 @@ from pathlib import Path
 from .._cli_common import HelpFormatter, ints, set_threads
 from .._errors import InputError
 from .._io import write_json, write_text
+from ..focus.config import KEY_SCORES
 from ..eval.sinks import render_markdown as sinks_markdown
 from ..eval.sinks import run_sink_probe
 from .groups import groups_report
@@ -62,7 +63,7 @@ def _collapse(a) -> int:
 
 
 def _ship(a) -> int:
-    from .model_card import derive_adapter, refresh_card, ship_adapter, ship_key_adapter
+    from .model_card import derive_adapter, derive_key_adapter, refresh_card, ship_adapter, ship_key_adapter
 
     if a.refresh_card:
         out = refresh_card(a.name or a.run, long_eval=a.long_eval, model_bench=a.model_bench)
@@ -73,12 +74,19 @@ def _ship(a) -> int:
     if _fitted_keys(a.run):  # a `fit-keys` folder: centroids, served at a budget
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
             raise InputError("run", a.run, "a fit-keys folder ships with its own dense heads and no rebalancing "
-                             "or cap: allowed --budget, --long-eval, --model-bench")
-        out = ship_key_adapter(a.run, a.name, budget=a.budget, long_eval=a.long_eval, model_bench=a.model_bench)
+                             "or cap: allowed --budget, --key-scores, --long-eval, --model-bench")
+        out = ship_key_adapter(a.run, a.name, budget=a.budget, key_scores=a.key_scores, long_eval=a.long_eval,
+                               model_bench=a.model_bench)
         print(f"wrote {out} (adapter + README.md model card)")
         return 0
-    if a.budget is not None:
-        raise InputError("budget", a.budget, "only for a `focusattn fit-keys --out` folder (a key-space adapter)")
+    if a.budget is not None or a.key_scores is not None:  # a key-space adapter served again with other settings
+        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
+            raise InputError("run", a.run, "a key-space adapter is shipped again with its own dense heads and no "
+                             "rebalancing or cap: allowed --budget, --key-scores, --long-eval, --model-bench")
+        out = derive_key_adapter(a.run, a.name, budget=a.budget, key_scores=a.key_scores, long_eval=a.long_eval,
+                                 model_bench=a.model_bench)
+        print(f"wrote {out} (adapter + README.md model card)")
+        return 0
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None:
             raise InputError("run", a.run, "--rebalance/--rebalance-warm/--capacity need a retrofit folder "
@@ -175,8 +183,11 @@ def register(sub) -> None:
                    help="ship with this group-size cap at hard top-k, a multiple of the balanced share "
                         "(FocusConfig.capacity; inference setting; 0 = off)")
     s.add_argument("--budget", type=float, default=None,
-                   help="a `fit-keys` folder: ship it served at this share of each query's distant keys "
-                        "(FocusConfig.budget, in (0, 1]; default: the budget it was fitted with)")
+                   help="a `fit-keys` folder or a key-space adapter: ship it served at this share of each query's "
+                        "distant keys (FocusConfig.budget, in (0, 1]; default: the budget it was fitted with)")
+    s.add_argument("--key-scores", default=None, choices=KEY_SCORES,
+                   help="a `fit-keys` folder or a key-space adapter: ship it with queries ranking groups by these "
+                        "(FocusConfig.key_scores; default: the one it was saved with)")
     s.add_argument("--first-phase", default=None,
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.add_argument("--dense-heads", default=None,

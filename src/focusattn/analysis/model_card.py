@@ -182,8 +182,8 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     return _finish(tmp, out, lines, le, mb)
 
 
-def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, long_eval=None, model_bench=None,
-                     dest: Path | None = None) -> Path:
+def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_scores: str | None = None,
+                     long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
     """``run_dir``: a ``focusattn fit-keys --out`` folder (``summary.json`` + ``adapter/``): its centroids shipped
     as ``name``, served at ``budget`` (``FocusConfig.budget``; None = the one it was fitted with: the centroids do
     not depend on it), with a card saying how they were fitted and the measured tables."""
@@ -198,8 +198,10 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, long_ev
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     acfg = json.loads((run / "adapter" / CONFIG).read_text())
-    if budget is not None:  # validated before anything is written
-        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], "budget": float(budget)}).to_dict()
+    changes = {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores))
+               if v is not None}
+    if changes:  # validated before anything is written
+        acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()
     fc = acfg["focus_config"]
     out = (dest or HERE) / name
     tmp = out.with_name(out.name + ".tmp")
@@ -230,9 +232,64 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, long_ev
              f"of each of {', '.join(cfg['corpora'])}, training splits), {summary['fit_seconds'] / 60:.0f} min on one "
              "CPU core" + (f"; the largest cluster held {share:.0%} of a layer's keys" if share is not None else "")
              + "."]
-    if budget is not None:
-        lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name} --budget {float(budget):g}` "
+    if changes:
+        flags = (f" --budget {float(budget):g}" if budget is not None else "") + (
+            f" --key-scores {key_scores}" if key_scores is not None else "")
+        lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name}{flags}` "
                   f"(fitted with budget {summary['focus_config']['budget']:g}; the centroids do not depend on it)."]
+    return _finish(tmp, out, lines, le, mb)
+
+
+def derive_key_adapter(source: str, name: str, *, budget: float | None = None, key_scores: str | None = None,
+                       long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+    """Ship the centroids of key-space adapter ``source`` (a shipped name or an adapter folder) again as ``name``,
+    served with another ``budget`` and/or ``key_scores`` (inference settings: the centroids do not depend on them),
+    with a card that points at ``source``'s for the fit and gives this one's measured tables. Why a copy and not a
+    flag: a user loads one name and gets the measured configuration (decode = prefill, no setting to remember)."""
+    from ..adapters import resolve
+
+    if budget is None and key_scores is None:
+        raise InputError("run", source, "a key-space adapter is shipped again only with --budget and/or --key-scores")
+    if not name or "/" in name or name.startswith("."):
+        raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-keys256-means")
+    try:
+        src = resolve(source)
+    except ValueError as e:
+        raise InputError("run", source, str(e)) from None
+    verify_adapter(src)
+    acfg = json.loads((src / CONFIG).read_text())
+    if acfg["focus_config"].get("router_input") != "keys":
+        raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores")
+    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores)) if v is not None}
+    acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()  # validated first
+    le = _long_evals(long_eval)
+    mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
+    out = (dest or HERE) / name
+    if out.resolve() == src.resolve():
+        raise InputError("name", name, f"a new name: {source!r} is the source (use --refresh-card to re-render it)")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copy2(src / WEIGHTS, tmp / WEIGHTS)
+    write_json(tmp / CONFIG, acfg)
+    fc = acfg["focus_config"]
+    what = {"means": "the running mean of the group's own keys before the query's window (the fitted centroid "
+                     "counted as one more key)", "centroids": "its fitted centroid"}[fc["key_scores"]]
+    flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+                     for k, v in changes.items())
+    lines = [f"# {name}", "",
+             f"The centroids of `{source}` (same tensors; how they were fitted: its model card), served with "
+             f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
+             f"(`FocusConfig.key_scores`, docs/DESIGN.md) and joins groups in that order until they hold "
+             f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
+             f"{fc['sink_tokens']} sink). Served exactly by the sparse kernels (decode = prefill)"
+             + (f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
+             + ".", "",
+             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{acfg["base_model"]}")',
+             f'fa.load_adapter(model, "{name}")',
+             "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} {flags}"
+             + (f" --long-eval {' '.join(map(str, _paths(long_eval)))}" if long_eval else "")
+             + (f" --model-bench {model_bench}" if model_bench else "") + "`"]
     return _finish(tmp, out, lines, le, mb)
 
 
