@@ -103,15 +103,14 @@ def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k
         assert torch.equal(got & rows, routing.query_membership & rows)
 
 
-def _matches_reference_then_steps(r, h, valid, padded, split, block):
-    """The one prefill against :func:`_reference`, then a prefill of ``split`` tokens and one-token steps against
-    the one prefill (``MEANS_BLOCK`` patched to ``block``)."""
+def _served_reference_steps(r, h, valid, padded, split, block):
+    """``(served, reference, stepped)`` query memberships on real rows: the one prefill, :func:`_reference`, and a
+    prefill of ``split`` tokens then one-token steps (``MEANS_BLOCK`` patched to ``block``)."""
     t = h.shape[1]
     rows = valid[..., None]
     with patch.object(key_router, "MEANS_BLOCK", block):
         ids, want = _reference(r, h, valid)
         routing = r(h, mask=valid if padded else None, memo={})
-        assert torch.equal(routing.query_membership & rows, want & rows)
         split = min(split, t - 1)
         memo, got = {}, []
         if split > 0:
@@ -119,7 +118,7 @@ def _matches_reference_then_steps(r, h, valid, padded, split, block):
         for i in range(split, t):
             got.append(r(h[:, i:i + 1], mask=valid[:, i:i + 1] if padded else None, start=i,
                          memo=memo).query_membership)
-    assert torch.equal(torch.cat(got, 1) & rows, routing.query_membership & rows)
+    return routing.query_membership & rows, want & rows, torch.cat(got, 1) & rows
 
 
 @settings(max_examples=30, deadline=None)
@@ -138,7 +137,9 @@ def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, 
     if padded:
         valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
     r = _router(k_groups, width, window, sink, budget, seed, key_scores="means")
-    _matches_reference_then_steps(r, h, valid, padded, split, block)
+    served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, block)
+    assert torch.equal(served, reference)
+    assert torch.equal(stepped, served)
 
 
 @settings(max_examples=30, deadline=None)
@@ -162,7 +163,9 @@ def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b,
         valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
     r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
                 rank_own=rank_own)
-    _matches_reference_then_steps(r, h, valid, padded, split, 4)
+    served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, 4)
+    assert torch.equal(served, reference)
+    assert torch.equal(stepped, served)
 
 
 def test_shared_rankings_make_a_blocks_groups_nested():

@@ -71,20 +71,14 @@ def _ship(a) -> int:
         return 0
     if not a.name:
         raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
-    if _fitted_keys(a.run):  # a `fit-keys` folder: centroids, served at a budget
+    fitted = _fitted_keys(a.run)  # a `fit-keys` folder: centroids, served at a budget
+    if fitted or a.budget is not None or a.key_scores is not None:  # else a key-space adapter served otherwise
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
-            raise InputError("run", a.run, "a fit-keys folder ships with its own dense heads and no rebalancing "
+            raise InputError("run", a.run, "a key-space adapter ships with its own dense heads and no rebalancing "
                              "or cap: allowed --budget, --key-scores, --long-eval, --model-bench")
-        out = ship_key_adapter(a.run, a.name, budget=a.budget, key_scores=a.key_scores, long_eval=a.long_eval,
-                               model_bench=a.model_bench)
-        print(f"wrote {out} (adapter + README.md model card)")
-        return 0
-    if a.budget is not None or a.key_scores is not None:  # a key-space adapter served again with other settings
-        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
-            raise InputError("run", a.run, "a key-space adapter is shipped again with its own dense heads and no "
-                             "rebalancing or cap: allowed --budget, --key-scores, --long-eval, --model-bench")
-        out = derive_key_adapter(a.run, a.name, budget=a.budget, key_scores=a.key_scores, long_eval=a.long_eval,
-                                 model_bench=a.model_bench)
+        ship = ship_key_adapter if fitted else derive_key_adapter
+        out = ship(a.run, a.name, budget=a.budget, key_scores=a.key_scores, long_eval=a.long_eval,
+                   model_bench=a.model_bench)
         print(f"wrote {out} (adapter + README.md model card)")
         return 0
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers

@@ -46,6 +46,14 @@ def _measured(le: list[dict] | None, mb: dict | None) -> list[str]:
     return lines
 
 
+def _usage_and_command(model: str, load: str, command: str, long_eval, model_bench) -> list[str]:
+    """A derived adapter's card lines: the Python that loads it (``load``), then the command that made it."""
+    return ["```python", "import focusattn as fa", f'model, tok = fa.load_model("{model}")', load, "```", "",
+            "Made by:", "", f"`{command}"
+            + (f" --long-eval {' '.join(map(str, _paths(long_eval)))}" if long_eval else "")
+            + (f" --model-bench {model_bench}" if model_bench else "") + "`"]
+
+
 def _finish(tmp: Path, out: Path, lines: list[str], le: list[dict] | None, mb: dict | None) -> Path:
     """Add the measured tables to the card, write it, and put the folder in place (replacing an older one)."""
     write_text(tmp / "README.md", "\n".join(lines + _measured(le, mb)) + "\n")
@@ -285,11 +293,8 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              f"{fc['sink_tokens']} sink). Served exactly by the sparse kernels (decode = prefill)"
              + (f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
              + ".", "",
-             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{acfg["base_model"]}")',
-             f'fa.load_adapter(model, "{name}")',
-             "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} {flags}"
-             + (f" --long-eval {' '.join(map(str, _paths(long_eval)))}" if long_eval else "")
-             + (f" --model-bench {model_bench}" if model_bench else "") + "`"]
+             *_usage_and_command(acfg["base_model"], f'fa.load_adapter(model, "{name}")',
+                                 f"focusattn ship-adapter {source} --name {name} {flags}", long_eval, model_bench)]
     return _finish(tmp, out, lines, le, mb)
 
 
@@ -340,9 +345,8 @@ def derive_adapter(source: str, name: str, *, dense_heads: str, model: str = "sm
              f"{len(cfg.dense_heads)} dense heads: {chosen}, layer:head `{listed}`. Those heads keep full causal "
              "attention, the rest of each layer the routed mask (`FocusConfig.dense_heads`, docs/DESIGN.md "
              "\"Dense heads\").", "",
-             "```python", "import focusattn as fa", f'model, tok = fa.load_model("{model}")',
-             f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: the exact sparse kernels',
-             "```", "", "Made by:", "", f"`focusattn ship-adapter {source} --name {name} --dense-heads {dense_heads}"
-             + (f" --long-eval {' '.join(map(str, _paths(long_eval)))}" if long_eval else "")
-             + (f" --model-bench {model_bench}" if model_bench else "") + "`"]
+             *_usage_and_command(model, f'fa.load_adapter(model, "{name}"); fa.set_top_k(model, 1)   # hard top-1: '
+                                 "the exact sparse kernels",
+                                 f"focusattn ship-adapter {source} --name {name} --dense-heads {dense_heads}",
+                                 long_eval, model_bench)]
     return _finish(tmp, out, lines, le, mb)
