@@ -206,13 +206,12 @@ def test_roles_on_cuda_match_the_reference(dtype, varlen_fn):
        tk=st.integers(2, 60), k_groups=st.integers(2, 9), query_top_k=st.integers(1, 9),
        window=st.sampled_from([0, 1, 4, 70]), padded=st.booleans(), sink=st.sampled_from([0, 1, 3]),
        softcap=st.sampled_from([None, None, 2.0]), chunk=st.sampled_from([None, 64]),
-       block=st.sampled_from([1, 7, 8, 12, 512]), sub=st.sampled_from([0, 2, 4]), shared=st.sampled_from([0.3, 0.9]))
+       block=st.sampled_from([1, 7, 512]))
 def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g, tk, k_groups, query_top_k, window,
-                                                                padded, sink, softcap, chunk, block, sub, shared):
+                                                                padded, sink, softcap, chunk, block):
     """Key top-1 with queries in many groups (the key-space router's form), no gradient: the batched engine
     (decomposed.keyed: A and B in blocks of queries; ``chunk`` forces many small batches, ``block`` the query block
-    size, 1 query to 512; ``sub`` / ``shared`` its second level, the rare groups in sub-blocks) equals the dense
-    reference, LSE included."""
+    size, 1 query to 512) equals the dense reference, LSE included."""
     from unittest import mock
 
     from focusattn.kernels.decomposed import keyed
@@ -222,30 +221,11 @@ def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g,
     kw = dict(sink=sink, softcap=softcap, key_padding_mask=kpm, query_membership=qm, return_lse=True)
     want = dense_focus_attention(q, k, v, km, window, **kw)
     with mock.patch.object(keyed, "CHUNK_SCORES", chunk or keyed.CHUNK_SCORES), \
-            mock.patch.object(keyed, "QUERY_BLOCK", block), mock.patch.object(keyed, "SUB_BLOCK", sub), \
-            mock.patch.object(keyed, "SHARED", shared), \
+            mock.patch.object(keyed, "QUERY_BLOCK", block), \
             mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy:
         got = focus_attention(q, k, v, km, window, backend="decomposed", **kw)
     _check(got, want, "keyed", atol=5e-5)
     assert spy.called
-
-
-def test_the_batched_engine_computes_rare_groups_in_sub_blocks():
-    """Two levels on a case where many groups are joined by few of a block's queries: the second pass runs (its
-    sub-blocks carry keys) and the merged answer is the reference's, LSE included."""
-    from unittest import mock
-
-    from focusattn.kernels.decomposed import keyed
-
-    q, k, v, km, qm, kpm = _case(3, 2, 4, 2, 300, 300, 24, 1, padded=True, query_top_k=5, inside=False)
-    want = dense_focus_attention(q, k, v, km, 10, sink=1, key_padding_mask=kpm, query_membership=qm,
-                                 return_lse=True)
-    with mock.patch.object(keyed, "QUERY_BLOCK", 32), mock.patch.object(keyed, "SUB_BLOCK", 8), \
-            mock.patch.object(keyed, "SHARED", 0.5), mock.patch.object(keyed, "_chunk", wraps=keyed._chunk) as spy:
-        got = focus_attention(q, k, v, km, 10, sink=1, key_padding_mask=kpm, query_membership=qm,
-                              backend="decomposed", return_lse=True)
-    assert any(c.args[3] == 8 for c in spy.call_args_list)  # a chunk of 8-query sub-blocks ran
-    _check(got, want, "keyed two levels", atol=5e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -22,11 +22,9 @@ path otherwise, whose backward is tested. Softcap (no fused op) takes the same b
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..lse import acc_dtype, merge_pair
+from ..lse import acc_dtype
 from .fused import fused_fwd
 from .plan import Problem
 
@@ -37,10 +35,6 @@ PAD_RATIO = 1.25
 # Queries per block. Measured at 8192 tokens (one thread): 64 beat 32 (a smaller union, but twice the calls and
 # mask rows per key) and 128 (a larger union).
 QUERY_BLOCK = 64
-# Two levels: a group that fewer than SHARED x QUERY_BLOCK of a block's queries joined is computed, instead, for the
-# sub-blocks of SUB_BLOCK queries that joined it (a second pass, merged by LSE); 0 = one level.
-SUB_BLOCK = 16
-SHARED = 0.25
 
 
 def applies(p: Problem, needs_grad: bool) -> bool:
@@ -63,8 +57,7 @@ def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> None:
-    """Batch row ``bi`` into ``out`` [T, Hq, D] and ``lse`` [Hq, T]: the blocks with their band and shared groups,
-    then (when some block has rare groups) the sub-blocks over those, merged by LSE."""
+    """Batch row ``bi`` into ``out`` [T, Hq, D] and ``lse`` [Hq, T]."""
     q, k, v = p.q[bi], p.k[bi], p.v[bi]
     hq, t, d = q.shape
     hkv, dv = k.shape[0], v.shape[-1]
@@ -76,53 +69,13 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
     kk = qmem.shape[-1]
     bq = max(1, min(QUERY_BLOCK, t))
     nb = -(-t // bq)
-    sb = SUB_BLOCK if 0 < SUB_BLOCK < bq and bq % SUB_BLOCK == 0 else bq
     has = kmem.any(-1)
     gid = torch.where(has, kmem.to(torch.uint8).argmax(-1), -1)  # each key's group, -1 for none
     qpad = torch.cat([qmem, qmem.new_zeros(nb * bq - t, kk)]) if nb * bq > t else qmem
-    joined = qpad.view(nb, bq, kk).sum(1)  # [nb, K]: how many of the block's queries joined each group
-    shared = joined >= max(1, round(SHARED * bq)) if sb < bq else joined > 0
+    union = qpad.view(nb, bq, kk).any(1)  # [nb, K]: the groups some query of the block joined
     start = torch.arange(nb, device=dev) * bq
     lim = (start - p.window).clamp_min(0)  # group keys before lim; the band from lim to the block's end
-    ctx = _Row(p, t, gid, torch.cat([gid, gid.new_full((1,), -1)]), torch.cat([real, real.new_zeros(1)]),
-               k.transpose(0, 1).reshape(t, hkv * d), v.transpose(0, 1).reshape(t, hkv * dv),
-               q.transpose(0, 1).reshape(t, hq * d), (hq, hkv, d, dv), dt)  # token-major rows for index_select
-    _pass(ctx, qpad, bq, shared, lim, (start + bq).clamp_max(t) - lim, out, lse)
-    rare = (joined > 0) & ~shared
-    if sb == bq or not bool(rare.any()):
-        return
-    per = bq // sb  # sub-blocks: their queries' rare groups, before the block's lim (the band holds the rest)
-    sub = qpad.view(nb * per, sb, kk).any(1) & rare.repeat_interleave(per, 0)
-    o2 = torch.zeros_like(out)
-    l2 = torch.full_like(lse, float("-inf"))
-    _pass(ctx, qpad, sb, sub, lim.repeat_interleave(per), torch.zeros_like(lim).repeat_interleave(per), o2, l2)
-    rows = torch.isfinite(l2).any(0).nonzero().flatten()  # queries with a rare group's key
-    o, l = merge_pair(out[rows].transpose(0, 1), lse[:, rows], o2[rows].transpose(0, 1), l2[:, rows])
-    out[rows] = o.transpose(0, 1).to(out.dtype)
-    lse[:, rows] = l.to(lse.dtype)
-
-
-@dataclass
-class _Row:
-    """What every pass over one batch row reads."""
-    p: Problem
-    t: int
-    gid: torch.Tensor
-    gid_ext: torch.Tensor
-    real_ext: torch.Tensor  # position t: a padding slot
-    kt: torch.Tensor
-    vt: torch.Tensor
-    qt: torch.Tensor
-    dims: tuple
-    dt: torch.dtype
-
-
-def _pass(r: _Row, qpad, bq: int, union, lim, bandlen, out, lse) -> None:
-    """Blocks of ``bq`` queries (``union`` [nb, K]: the groups whose keys before ``lim`` [nb] each computes, then
-    ``bandlen`` [nb] keys from ``lim`` on) in padded chunks, written into ``out`` / ``lse``. A block with no key
-    is skipped (its rows keep ``lse = -inf``)."""
-    t, gid, dev = r.t, r.gid, qpad.device
-    nb, kk = union.shape
+    bandlen = (start + bq).clamp_max(t) - lim
     # keys of group g before each block's lim: per-(group, block) counts, prefix-summed over blocks
     pos = torch.arange(t, device=dev)
     hist = torch.zeros(kk + 1, nb + 1, dtype=torch.long, device=dev)
@@ -133,9 +86,13 @@ def _pass(r: _Row, qpad, bq: int, union, lim, bandlen, out, lse) -> None:
     total = gcount + bandlen
     order = torch.argsort(total, stable=True)
     tot = total[order].tolist()
+    kt = k.transpose(0, 1).reshape(t, hkv * d)  # token-major rows for index_select
+    vt = v.transpose(0, 1).reshape(t, hkv * dv)
+    qt = q.transpose(0, 1).reshape(t, hq * d)
+    real_ext = torch.cat([real, real.new_zeros(1)])  # position t: a padding slot
+    gid_ext = torch.cat([gid, gid.new_full((1,), -1)])
     rows = torch.arange(bq, device=dev)
-    hq = r.dims[0]
-    c0 = next((i for i, n in enumerate(tot) if n > 0), nb)
+    c0 = 0
     while c0 < nb:  # blocks [c0, c1) of the order: padded to their largest key count
         c1, km, n_real = c0, 0, 0
         while c1 < nb:
@@ -145,14 +102,15 @@ def _pass(r: _Row, qpad, bq: int, union, lim, bandlen, out, lse) -> None:
             km, n_real, c1 = km2, real2, c1 + 1
         blk = order[c0:c1]
         c0 = c1
-        _chunk(r, blk, km, bq, union, lim, gcount, bandlen, rows, qpad, out, lse)
+        _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandlen, rows, qpad, kt, vt, qt,
+               (hq, hkv, d, dv), out, lse, dt)
 
 
-def _chunk(r: _Row, blk, km, bq, union, lim, gcount, bandlen, rows, qpad, out, lse) -> None:
+def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandlen, rows, qpad, kt, vt, qt, dims,
+           out, lse, dt) -> None:
     """One padded call over blocks ``blk``: keys ``[C, km]`` = each block's group keys, then its band, then the
     padding slot ``t``."""
-    p, t, gid, gid_ext, real_ext, kt, vt, qt, dt = r.p, r.t, r.gid, r.gid_ext, r.real_ext, r.kt, r.vt, r.qt, r.dt
-    hq, hkv, d, dv = r.dims
+    hq, hkv, d, dv = dims
     dev = blk.device
     c = len(blk)
     lm, gc, bl = lim[blk], gcount[blk], bandlen[blk]
