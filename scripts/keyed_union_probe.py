@@ -29,9 +29,8 @@ def counts(qmem, gid, window: int, bq: int, sub: int = 0, shared: float = 0.0) -
         lim = int(lims.max())
         common = m.sum(0) >= max(1, round(shared * bq)) if sub else m.any(0)
         comp += len(m) * int((pref[lim] * common).sum())
-        for s0 in range(0, len(m), sub or len(m)):
-            if sub:
-                comp += len(m[s0:s0 + sub]) * int((pref[lim] * (m[s0:s0 + sub].any(0) & ~common)).sum())
+        for s0 in range(0, len(m), sub) if sub else ():  # the rare groups, per sub-block that joined them
+            comp += len(m[s0:s0 + sub]) * int((pref[lim] * (m[s0:s0 + sub].any(0) & ~common)).sum())
         kept += int((m.long() * pref[lims]).sum())
     return comp, kept
 
@@ -49,21 +48,11 @@ def main(argv=None) -> int:
     from focusattn.adapters import resolve
     from focusattn.data.corpora import load_corpus
     from focusattn.data.tokens import tokenize
-    from focusattn.focus import key_router
-    from focusattn.hf import set_top_k
+    from focusattn.hf import focus_config, last_routing, set_top_k
     from focusattn.hf.io import load_adapter
     from focusattn.hf.loading import load_model
 
     torch.set_num_threads(1)
-    caps, forward = [], key_router.KeyRouter.forward
-
-    def capture(self, *a, **k):
-        r = forward(self, *a, **k)
-        caps.append((r.query_membership[0].clone(), r.membership[0].to(torch.uint8).argmax(-1).long(),
-                     self.cfg.window))
-        return r
-
-    key_router.KeyRouter.forward = capture
     model, tok = load_model("smollm2-135m")
     load_adapter(model, resolve(args.adapter))
     set_top_k(model, 1)
@@ -71,14 +60,17 @@ def main(argv=None) -> int:
     _, val = tokenize(load_corpus(args.data), tok, tokenizer_id="smollm2-135m")
     with torch.no_grad():
         model(torch.as_tensor(val[:args.length][None].astype("int64")), use_cache=False, logits_to_keep=1)
+    window = focus_config(model).window
+    routings = last_routing(model)  # each layer's key groups (key top-1) and query memberships
     layouts = {"blocks of 64": (64, 0, 0.0), "blocks of 32": (32, 0, 0.0), "blocks of 16": (16, 0, 0.0),
                "two levels 64/16, shared 0.15": (64, 16, 0.15), "two levels 64/16, shared 0.25": (64, 16, 0.25)}
     rows = {}
     for name, (bq, sub, shared) in layouts.items():
         comp = kept = 0
         for layer in map(int, args.layers.split(",")):
-            qmem, gid, window = caps[layer]
-            c, k = counts(qmem, gid, window, bq, sub, shared)
+            r = routings[layer]
+            c, k = counts(r.query_membership[0], r.membership[0].to(torch.uint8).argmax(-1).long(), window, bq, sub,
+                          shared)
             comp, kept = comp + c, kept + k
         rows[name] = {"computed_over_kept": round(comp / kept, 3), "computed": comp, "kept": kept}
         print(name, rows[name], flush=True)
