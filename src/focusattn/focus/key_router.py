@@ -148,24 +148,28 @@ class KeyRouter(nn.Module):
         feat = torch.cat([state["feat"], keys], 1)  # positions s0 .. start + t - 1
         fid = torch.cat([state["ids"], ids], 1)
         ok = torch.cat([state["ok"], countable], 1)
-        x = feat * ok[..., None]
         pos = torch.arange(start, start + t, device=h.device)
         lim = torch.div(pos - cfg.window, blk, rounding_mode="floor").clamp_min(0) * blk  # nondecreasing
-        total, cnt = state["sum"].clone(), state["cnt"].clone()
+        total, cnt, mu = state["sum"], state["cnt"], state.get("mu")
         prior = self.centroids.double()
         scores = torch.empty(b, t, kk, dtype=torch.float32, device=h.device)
-        upto, at = s0, 0
+        upto, at, copied = s0, 0, False
         runs, counts = torch.unique_consecutive(lim, return_counts=True)
         for edge, n in zip(runs.tolist(), counts.tolist()):  # queries sharing a boundary: one set of means
-            for bi in range(b):  # keys up to the boundary, in position order (the same additions in any chunking)
-                total[bi].index_add_(0, fid[bi, upto - s0:edge - s0], x[bi, upto - s0:edge - s0])
-                cnt[bi].index_add_(0, fid[bi, upto - s0:edge - s0], ok[bi, upto - s0:edge - s0].double())
-            upto = max(upto, edge)
-            mu = ((total + prior) / (cnt + 1)[..., None]).float()  # [B, K, W]
+            if mu is None or edge > upto:  # else the boundary has not moved: the last means stand (decode steps)
+                if not copied:  # the carried sums are the memo's: add to a copy
+                    total, cnt, copied = total.clone(), cnt.clone(), True
+                sl = slice(upto - s0, max(upto, edge) - s0)
+                for bi in range(b):  # keys up to the boundary, in position order (the same additions in any chunking)
+                    okb = ok[bi, sl]
+                    total[bi].index_add_(0, fid[bi, sl], feat[bi, sl] * okb[:, None])
+                    cnt[bi].index_add_(0, fid[bi, sl], okb.double())
+                upto = max(upto, edge)
+                mu = ((total + prior) / (cnt + 1)[..., None]).float()  # [B, K, W]
             scores[:, at:at + n] = h[:, at:at + n, w:].float() @ mu.transpose(1, 2)
             at += n
         if memo is not None:
-            memo["means"] = {"s0": upto, "sum": total, "cnt": cnt, "feat": feat[:, upto - s0:],
+            memo["means"] = {"s0": upto, "sum": total, "cnt": cnt, "mu": mu, "feat": feat[:, upto - s0:],
                              "ids": fid[:, upto - s0:], "ok": ok[:, upto - s0:]}
         return scores
 
