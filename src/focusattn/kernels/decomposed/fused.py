@@ -28,15 +28,16 @@ def _float_mask(allowed, dtype):
     return torch.where(allowed, zero, torch.full((), NEG_INF, dtype=dtype, device=allowed.device))
 
 
-def fused_fwd(q, k, v, allowed, scale, causal=True):
-    """Fused forward ``(out, lse)``; LSE ``-inf`` for empty rows (the CPU op reports 0 there), their output 0."""
+def fused_fwd(q, k, v, allowed, scale, causal=True, nonempty=False):
+    """Fused forward ``(out, lse)``; LSE ``-inf`` for empty rows (the CPU op reports 0 there), their output 0.
+    ``nonempty``: the caller knows every row allows a key, so the CPU path skips the pass that looks for empty ones."""
     if q.device.type == "cuda":
         return _cuda_fwd(q, k, v, allowed, scale, causal)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     if allowed is None:
         return op(q, k, v, 0.0, causal, scale=scale)
     o, lse = op(q, k, v, 0.0, False, attn_mask=_float_mask(allowed, q.dtype), scale=scale)
-    return o, mark_empty(lse, allowed.any(-1))
+    return (o, lse) if nonempty else (o, mark_empty(lse, allowed.any(-1)))
 
 
 def fused_bwd(do, q, k, v, o, lse, dlse, allowed, scale, causal=True):

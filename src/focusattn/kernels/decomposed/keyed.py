@@ -90,7 +90,8 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
     vt = v.transpose(0, 1).reshape(t, hkv * dv)
     qt = q.transpose(0, 1).reshape(t, hq * d)
     real_ext = torch.cat([real, real.new_zeros(1)])  # position t: a padding slot
-    gid_ext = torch.cat([gid, gid.new_full((1,), -1)])
+    gid_ext = torch.cat([torch.where(gid < 0, kk, gid), gid.new_full((1,), kk)])  # K: no group (padding slot t)
+    qpad = torch.cat([qpad, qpad.new_zeros(len(qpad), 1)], 1)  # column K: the group no query holds
     rows = torch.arange(bq, device=dev)
     c0 = 0
     while c0 < nb:  # blocks [c0, c1) of the order: padded to their largest key count
@@ -124,29 +125,35 @@ def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandle
     band = (col[None] >= gc[:, None]) & (col[None] < (gc + bl)[:, None])
     kpos = torch.where(band, lm[:, None] + col[None] - gc[:, None], kpos)
     qpos = blk[:, None] * bq + rows[None]  # [C, bq] (past t: padding rows, dropped below)
-    kg = gid_ext[kpos]
-    ingroup = torch.gather(qpad.view(-1, bq, qpad.shape[-1])[blk], 2,
-                           kg.clamp_min(0)[:, None, :].expand(-1, bq, -1)) & (kg >= 0)[:, None, :]
-    dist = qpos[:, :, None] - torch.where(band, kpos, -(1 << 40))[:, None, :]  # group keys: never local
-    allowed = ((ingroup | (dist <= p.window)) & (dist >= 0)) | (ingroup & ~band[:, None, :])
-    allowed &= real_ext[kpos][:, None, :]
+    # The mask in columns, not distances: band column ``col`` holds position ``lim + col - gc``, so ``j <= i`` is
+    # ``col <= hi`` and ``i - j <= w`` is ``col >= hi - w`` with ``hi = gc - lim + i``; group columns (``col < gc``)
+    # are before every query of the block and never local. A key in no group, padding slot included, gathers the
+    # all-false last column of ``qpad``.
+    hi = (gc - lm)[:, None, None] + qpos[:, :, None]  # [C, bq, 1]
+    colr = col[None, None]
+    ingroup = torch.gather(qpad.view(-1, bq, qpad.shape[-1])[blk], 2, gid_ext[kpos][:, None, :].expand(-1, bq, -1))
+    local = colr >= hi - p.window
+    if p.kpm is not None:
+        local &= real_ext[kpos][:, None, :]  # a padded key holds no group (``gid_ext``), so only the band sees it
+    allowed = (ingroup | local) & (colr <= hi)
     kc = kpos.clamp_max(t - 1).reshape(-1)
     ks = kt.index_select(0, kc).view(c, km, hkv, d).transpose(1, 2)
     vs = vt.index_select(0, kc).view(c, km, hkv, dv).transpose(1, 2)
     qs = qt.index_select(0, qpos.clamp_max(t - 1).reshape(-1)).view(c, bq, hq, d).transpose(1, 2)
-    o, l = _attend(p, qs, ks, vs, allowed[:, None])  # [C, Hq, bq, D], [C, Hq, bq]
+    # without padding every query sees itself (the band), so the fused call need not look for empty rows
+    o, l = _attend(p, qs, ks, vs, allowed[:, None], nonempty=p.kpm is None)  # [C, Hq, bq, D], [C, Hq, bq]
     keep = (qpos < t).reshape(-1)
     idx = qpos.reshape(-1)[keep]
     out.index_copy_(0, idx, o.transpose(1, 2).reshape(c * bq, hq, dv)[keep].to(dt))
     lse.index_copy_(1, idx, l.transpose(0, 1).reshape(hq, c * bq)[:, keep].to(dt))
 
 
-def _attend(p: Problem, q, k, v, allowed):
+def _attend(p: Problem, q, k, v, allowed, nonempty: bool = False):
     """One chunk: ``q`` [C, Hq, Qm, D], ``k``/``v`` [C, Hkv, Km, D], ``allowed`` [C, 1, Qm, Km]; ``(out, lse)``, LSE
     ``-inf`` and output 0 for a row with no allowed key. The fused op where it applies (:func:`.fused.fused_fwd`),
     else scores in the accumulation dtype (softcap)."""
     if p.fused:
-        return fused_fwd(q, k, v, allowed, p.scale)
+        return fused_fwd(q, k, v, allowed, p.scale, nonempty=nonempty)
     c, hq, qm, d = q.shape
     hkv = k.shape[1]
     dt = acc_dtype(q.dtype)
