@@ -40,3 +40,15 @@ def test_work_ratio_counts_intersections():
     """Top-2 of 2 groups: both groups hold every token, and the intersection is subtracted: 3 full triangles."""
     m = torch.ones(1, 64, 2, dtype=torch.bool)
     assert work_ratio(m, 0) == pytest.approx(1 / 3)
+
+
+def test_cpu_model_names_the_chip_and_its_matrix_extensions(tmp_path):
+    """Whole-model ratios depend on the chip (AMX or not), so benchmarks record it from /proc/cpuinfo."""
+    from focusattn.bench.common import cpu_model
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu\n")
+    assert cpu_model(str(info)) == "Some Xeon [amx_bf16 avx512f avx2]"
+    info.write_text("processor\t: 0\nmodel name\t: Plain\nflags\t\t: fpu sse2\n")
+    assert cpu_model(str(info)) == "Plain"
+    assert cpu_model(str(tmp_path / "missing"))  # no /proc: the platform's name, never an error

@@ -29,7 +29,7 @@ from .._io import write_json
 from ..hf.kv import cache_kwargs, output_cache
 from ..kernels.dispatch import PICKS
 from ..analysis.balance import routing_stats
-from .common import random_membership
+from .common import cpu_model, random_membership
 from .memory import PeakRSS
 from .report import plot_model_bench
 
@@ -260,7 +260,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
            "focus_config": focus_config(focus).to_dict(), "repeats": repeats, "decode_tokens": decode_tokens,
            "decode_interleaved": True,
            "threads": torch.get_num_threads(), "torch": torch.__version__, "platform": platform.platform(),
-           "processor": platform.processor() or platform.machine(), "results": results}
+           "processor": platform.processor() or platform.machine(), "cpu": cpu_model(), "results": results}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "model_bench.json", doc)
