@@ -19,7 +19,6 @@ defers and replays it like a layer input.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.recall import fill_budget, group_mean_queries, keys_side_by_side
@@ -107,22 +106,28 @@ class KeyRouter(nn.Module):
         # query at position p counts the keys j < p - window (distance > window)
         upto = (torch.arange(start, start + t, device=h.device) - cfg.window).clamp_min(0)
         at, last = state["at"], max(state["at"], int(upto[-1]))
-        seg = torch.zeros(b, last - at, cfg.num_groups, dtype=torch.int32, device=h.device).scatter_(
-            2, tail_ids[:, :last - at, None], countable[:, :last - at, None].to(torch.int32))  # one-hot, int32
-        prefix = torch.cat([state["count"][:, None], state["count"][:, None] + seg.cumsum(1, dtype=torch.int32)],
-                           1)  # [B, L + 1, K]
+        # row 0 the carried counts, then each new key one-hot: their cumulative sum is the counts before each position
+        seg = torch.zeros(b, last - at + 1, cfg.num_groups, dtype=torch.int32, device=h.device)
+        seg[:, 0] = state["count"]
+        seg[:, 1:].scatter_(2, tail_ids[:, :last - at, None], countable[:, :last - at, None].to(torch.int32))
+        prefix = seg.cumsum(1, dtype=torch.int32)  # [B, L + 1, K]
         counts = prefix[:, (upto - at).clamp_min(0)]  # [B, T, K]
-        want = torch.round(cfg.budget * counts.sum(-1).double()).long()
+        # their sum over groups, from a running count of the countable keys (summing [B, T, K] cost more)
+        run = torch.cat([countable.new_zeros(b, 1, dtype=torch.long), countable[:, :last - at].long().cumsum(1)], 1)
+        total = state["count"].sum(-1, keepdim=True).long() + run[:, (upto - at).clamp_min(0)]  # [B, T]
+        want = torch.round(cfg.budget * total.double()).long()
         # a group none of whose keys is distant for this query adds no pair to its mask (its other keys are local,
         # sinks or later): not joining it leaves the mask as it is and spares the kernels its keys
-        qmem = fill_budget(counts, scores, want) & (counts > 0)
+        qmem = fill_budget(counts, scores, want, total=total) & (counts > 0)
         # the kernels' contract: every query in a group. One that took none (no distant key yet, or its first
         # cluster would overshoot the budget twice over) takes its best-scored one.
-        qmem |= F.one_hot(scores.argmax(-1), cfg.num_groups).to(torch.bool) & ~qmem.any(-1, keepdim=True)
+        best = scores.argmax(-1, keepdim=True)
+        qmem.scatter_(-1, best, qmem.gather(-1, best) | ~qmem.any(-1, keepdim=True))
         if memo is not None:
             memo["keys"] = {"n": start + t, "ids": tail_ids[:, last - at:], "countable": countable[:, last - at:],
                             "real": rank[:, -1], "at": last, "count": prefix[:, -1]}
-        membership = F.one_hot(ids, cfg.num_groups).to(torch.bool)
+        membership = torch.zeros(b, t, cfg.num_groups, dtype=torch.bool, device=h.device).scatter_(-1, ids[..., None],
+                                                                                                   True)
         return Routing(membership.float(), membership, query_membership=qmem)
 
     def _mean_scores(self, h, ids, countable, start: int, state: dict | None, memo: dict | None) -> torch.Tensor:
