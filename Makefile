@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -647,6 +647,36 @@ ship-means: $(STAMP)
 		--long-eval docs/results/long_eval_keys256_ship.json docs/results/long_eval_keys256L_b12_8k.json \
 		docs/results/long_eval_keys256_ship_random.json docs/results/long_eval_keys256_ship_8k_random.json \
 		--model-bench docs/results/model_bench_keys256_ship.json
+	$(MAKE) results
+
+# The shipped key-space adapters on a register outside their centroids' fit (Python source from the standard
+# library; fitted on Shakespeare and the Python docs), passkeys hidden in that code, against the window, random,
+# k-means and oracle masks at the same budget (~35 min at 2048, ~100 min at 8192 on one core each, in parallel);
+# then both adapters' whole-model speed on this machine's CPU (alone, ~10 min each; the chip is recorded).
+CODE_RUN ?= runs/code
+registers: $(STAMP)
+	mkdir -p $(CODE_RUN) $(SHIP_RUN)
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines sliding,random,kmeans,oracle --out $(CODE_RUN)/le_means_2k \
+		> $(CODE_RUN)/le_means_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_SHIP) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines oracle --variants original,top1,oracle@top1 \
+		--out $(CODE_RUN)/le_keys256_2k > $(CODE_RUN)/le_keys256_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines sliding,kmeans,oracle --out $(CODE_RUN)/le_means_8k \
+		> $(CODE_RUN)/le_means_8k.log 2>&1 & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) $(BM_KEYS2) --out $(SHIP_RUN)/bm_means_amx
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_SHIP) $(BM_KEYS2) --out $(SHIP_RUN)/bm_keys256_amx
+	cp $(CODE_RUN)/le_means_2k/long_eval.json docs/results/register_eval_keys256_means_code.json
+	cp $(CODE_RUN)/le_means_8k/long_eval.json docs/results/register_eval_keys256_means_code_8k.json
+	cp $(CODE_RUN)/le_keys256_2k/long_eval.json docs/results/register_eval_keys256_code.json
+	cp $(SHIP_RUN)/bm_means_amx/model_bench.json docs/results/model_bench_keys256_means_amx.json
+	cp $(SHIP_RUN)/bm_means_amx/model_bench.png docs/results/model_bench_keys256_means_amx.png
+	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.json docs/results/model_bench_keys256_ship_amx.json
+	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.png docs/results/model_bench_keys256_ship_amx.png
 	$(MAKE) results
 
 # Does routing by the layer's own keys need g2's dense heads? The shipped keys256 served with none (every head

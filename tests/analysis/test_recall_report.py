@@ -119,3 +119,30 @@ def test_render_shared_ranking_has_a_row_per_ranking_and_the_union_per_split():
     assert "| own | 30.0% | 2.90x | 30.0% | 2.90x |" in text
     assert "| prev | 34.0% | 1.20x | 35.0% | 1.20x |" in text
     assert "| oracle@own | 20.0% | — | 20.0% | — |" in text
+
+
+def test_render_registers_rows_changes_against_the_same_run_and_oracle_ratio(tmp_path):
+    """A register outside the fit gets its own table (never the Pareto's news column): changes against the original
+    of the same run, passkey counts, and the distant attention dropped over the oracle's."""
+    from focusattn.analysis.recall_report import render_registers
+    from focusattn.analysis.results import write_results
+
+    def row(v, dom, ood, drop=None, pk=1.0):
+        r = {"T": 2048, "variant": v, "ppl_domain": dom, "ppl_ood": ood, "repeat_ppl": 1.5,
+             "passkey": {"accuracy": pk, "n": 6}}
+        return r if drop is None else {**r, "budget_pairs_kept": 0.3, "distant_dropped": {"domain": drop[0],
+                                                                                        "ood": drop[1]}}
+    doc = {"adapter": "smollm2-135m-focus-keys256-means", "focus_config": {"key_scores": "means"},
+           "corpora": {"domain": "shakespeare", "ood": "python-code"}, "command": "focusattn long-eval --x",
+           "results": [row("original", 10.0, 8.0), row("top1", 10.2, 8.4, (0.3, 0.28), pk=4 / 6),
+                       row("oracle@top1", 10.1, 8.1, (0.2, 0.14))]}
+    text = render_registers([doc])
+    top1 = next(line for line in text.splitlines() if "| top1 |" in line)
+    assert "python-code" in top1 and "10.20 (+2.0%)" in top1 and "8.40 (+5.0%)" in top1
+    assert "4/6" in top1 and "30.0% / 28.0%" in top1 and "1.50x / 2.00x" in top1
+    oracle = next(line for line in text.splitlines() if "| oracle@top1 |" in line)
+    assert oracle.endswith("| — |")  # the oracle over itself says nothing
+    assert "`focusattn long-eval --x`" in text
+    (tmp_path / "register_eval_code.json").write_text(__import__("json").dumps(doc))
+    out = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "A register outside the routing's fit" in out and "8.40 (+5.0%)" in out

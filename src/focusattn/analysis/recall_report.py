@@ -267,3 +267,38 @@ def render_roles(doc: dict) -> str:
         lines += ["", f"Probes ({pr['filler']} filler): repeat-copy perplexity / passkey accuracy: "
                   + "; ".join(f"{k} {v['repeat_ppl']:.2f} / {100 * v['passkey']:.0f}%" for k, v in res.items())]
     return "\n".join(lines)
+
+
+def render_registers(docs: list[dict]) -> str:
+    """``long-eval`` runs whose out-of-domain text is another register than news (``--ood-data``; kept in
+    ``register_eval*.json`` so the Pareto table's news column is never mixed with it): one row per adapter, length
+    and variant, the change against the original of the same run, the passkey hidden in that register's text, and
+    the distant attention dropped over the oracle's at the same budget. Why: the routing's clusters were fitted on
+    some registers; a register none of them saw is the test of whether what it keeps carries over."""
+    lines = ["| adapter | T | register | variant | pairs kept | perplexity, domain | perplexity, register | "
+             "repeat-copy | passkey | distant dropped (domain / register) | over the oracle |", "|" + "---|" * 11]
+    cmds = []
+    for doc in docs:
+        name, ood = _adapter_name(doc), doc["corpora"]["ood"]
+        for t in sorted({r["T"] for r in doc["results"]}):
+            rows = [r for r in doc["results"] if r["T"] == t]
+            base = next((r for r in rows if r["variant"] == "original"), None)
+            oracle = next((r for r in rows if r["variant"].startswith("oracle@")), None)
+            for r in rows:
+                def rel(key, r=r):
+                    x, b = r.get(key), (base or {}).get(key)
+                    if x is None:
+                        return "—"
+                    return f"{x:.2f}" if r is base or b is None else f"{x:.2f} ({100 * (x / b - 1):+.1f}%)"
+                dd, od = r.get("distant_dropped") or {}, (oracle or {}).get("distant_dropped") or {}
+                drop = " / ".join(f"{100 * dd[s]:.1f}%" for s in ("domain", "ood") if s in dd) or "—"
+                over = ("—" if r is oracle or not dd or not od else
+                        " / ".join(f"{dd[s] / od[s]:.2f}x" for s in ("domain", "ood") if s in dd and od.get(s)))
+                pk = (r.get("passkey") or {})
+                pk = f"{round(pk['accuracy'] * pk['n'])}/{pk['n']}" if "n" in pk else "—"
+                kept = "100%" if r is base else (f"{100 * r['budget_pairs_kept']:.0f}%"
+                                                 if r.get("budget_pairs_kept") is not None else "—")
+                lines.append(f"| {name} | {t} | {ood} | {r['variant']} | {kept} | {rel('ppl_domain')} | "
+                             f"{rel('ppl_ood')} | {rel('repeat_ppl')} | {pk} | {drop} | {over} |")
+        cmds.append(f"- `{doc['command']}`")
+    return "\n".join(lines + ["", "Passkeys are hidden in the register's own text. Commands:", "", *cmds])

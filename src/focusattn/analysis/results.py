@@ -15,7 +15,8 @@ from ..gpt.compare import render_markdown as lab_markdown
 from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import (recall_section, render_global_keys, render_key_clusters, render_partition_imitation,
-                            render_partition_oracle, render_roles, render_router_recall, render_shared_ranking)
+                            render_partition_oracle, render_registers, render_roles, render_router_recall,
+                            render_shared_ranking)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
@@ -93,6 +94,9 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "the sinks) that it removes, against the oracle that keeps as many distant keys per query, the "
                   "most attended ones. The oracle says how much of a quality gap is the budget and how much is "
                   "the routing.\n", recall_section(long_docs, d), ""]
+    registers = [_load(p) for p in sorted(d.glob("register_eval*.json"))]
+    if registers:
+        parts += ["### A register outside the routing's fit\n", render_registers(registers), ""]
     if (d / "rebalance_probe.json").exists():
         parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
             _load(d / "rebalance_probe.json")), ""]
