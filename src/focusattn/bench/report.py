@@ -206,7 +206,7 @@ def render_model_markdown(doc: dict, *, plot_link: str = "model_bench.png") -> s
         f"Model `{doc['model']}` + adapter `{doc['adapter']}` (K={cfg['num_groups']}, w={cfg['window']}, "
         f"sinks={cfg['sink_tokens']}), held-out `{doc['data']}` text, {doc['threads']} thread(s), median of "
         f"{doc['repeats']} alternating repeats; decode = one new token at context T (median of "
-        f"{doc['decode_tokens']} steps)" + (f"; CPU: {doc['cpu']}." if doc.get("cpu") else "."),
+        f"{doc['decode_tokens']} steps); CPU: {doc.get('cpu') or 'not recorded (before 2026-12-06)'}.",
         "",
         "| T | variant | prefill s | × | decode ms/token | × | attention share (prefill) | attention × | "
         "attention share (decode) | peak MiB | largest group (max over layers) | group cost / balanced (max) | "
