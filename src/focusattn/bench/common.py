@@ -27,7 +27,7 @@ def env() -> dict:
 def cpu_model(path: str = "/proc/cpuinfo") -> str:
     """The CPU's model name and the matrix/vector extensions the attention kernels use (``"Intel(R) Xeon(R) Processor
     [amx_bf16 avx512f]"``), else ``platform.processor()``. Why: the whole-model ratios depend on the chip (Focus
-    prefill at 8192 measured 1.26x the original on one Xeon and 0.92x on another, with AMX, whose dense SDPA is
+    prefill at 8192 measured 1.26x the original on one Xeon and 1.09x on another, with AMX, whose dense SDPA is
     relatively faster), so each benchmark names the one it ran on."""
     try:
         text = Path(path).read_text()
