@@ -172,12 +172,13 @@ def test_row_distance_is_rows_of_relative_distance():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 30), c=st.integers(1, 300),
-       frac=st.sampled_from([0.0, 0.01, 0.12, 0.5, 1.0]), skew=st.booleans())
-def test_fill_budget_partial_ranking_is_the_full_sort(seed, rows, c, frac, skew):
-    """The top-k shortcut of fill_budget gives the full sort's answer, also for rows that need more than the ranked
-    clusters (``skew``: the best-scored clusters are empty, so the budget is reached late), on every cluster that
-    holds keys; an empty cluster (it adds no key) is never taken."""
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 30), c=st.integers(1, 700),
+       frac=st.sampled_from([0.0, 0.01, 0.12, 0.5, 1.0]), skew=st.booleans(), batch=st.booleans())
+def test_fill_budget_partial_ranking_is_the_full_sort(seed, rows, c, frac, skew, batch):
+    """The staged top-k of fill_budget gives the full sort's answer, also for rows that need more than one or two
+    stages (``skew``: the best-scored clusters are empty, so the budget is reached late; C up to 700 takes the
+    32-, 128- and 512-cluster stages), with leading batch dims, on every cluster that holds keys; an empty cluster
+    (it adds no key) is never taken."""
     from focusattn.kernels.recall import _fill_sorted, fill_budget
 
     g = torch.Generator().manual_seed(seed)
@@ -187,5 +188,5 @@ def test_fill_budget_partial_ranking_is_the_full_sort(seed, rows, c, frac, skew)
         counts = torch.where(scores > 0.5, torch.zeros_like(counts), counts)
     want = torch.round(frac * counts.sum(-1).double()).long()
     full = _fill_sorted(counts, want, scores.argsort(-1, descending=True))
-    got = fill_budget(counts, scores, want)
+    got = fill_budget(counts[None], scores[None], want[None])[0] if batch else fill_budget(counts, scores, want)
     assert torch.equal(got & (counts > 0), full & (counts > 0)) and not (got & (counts == 0)).any()

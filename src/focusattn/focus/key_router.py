@@ -118,7 +118,7 @@ class KeyRouter(nn.Module):
         want = torch.round(cfg.budget * total.double()).long()
         # a group none of whose keys is distant for this query adds no pair to its mask (its other keys are local,
         # sinks or later): not joining it leaves the mask as it is and spares the kernels its keys
-        qmem = fill_budget(counts, scores, want, total=total) & (counts > 0)
+        qmem = fill_budget(counts, scores, want) & (counts > 0)
         # the kernels' contract: every query in a group. One that took none (no distant key yet, or its first
         # cluster would overshoot the budget twice over) takes its best-scored one.
         best = scores.argmax(-1, keepdim=True)
