@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: key-groups registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -683,6 +683,33 @@ registers: $(STAMP)
 	cp $(SHIP_RUN)/bm_means_amx/model_bench.png docs/results/model_bench_keys256_means_amx.png
 	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.json docs/results/model_bench_keys256_ship_amx.json
 	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.png docs/results/model_bench_keys256_ship_amx.png
+	$(MAKE) results
+
+# Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep
+# of the distant attention (online k-means assignment, balanced groups, variance or Quest-bound scores, 512 and 1024
+# fitted centroids), against per-sequence k-means and the oracle (scripts/key_groups_probe.py), then the whole-model
+# speed of 1024 centroids beside the shipped 256, alone and in turn (~45 min on 2 cores, the benches ~12 min alone).
+KG_RUN ?= $(RUNS)/online
+KG := OMP_NUM_THREADS=1 $(PY) scripts/key_groups_probe.py
+KG_ALL := served,online1,online8,cap2,cap4,gauss0.03,gauss0.0625,gauss0.125,bound,kmeans16,kmeans32
+KG_BENCH := --lengths 8192 --top-k 1 --repeats 2 --decode-tokens 8 --threads 1
+key-groups: $(STAMP) python-docs
+	mkdir -p $(KG_RUN)/kg
+	$(VENV)/bin/focusattn fit-keys --groups 512 $(KEYS_FIT) --budget 0.12 --out $(KG_RUN)/k512
+	$(VENV)/bin/focusattn fit-keys --groups 1024 $(KEYS_FIT) --budget 0.12 --out $(KG_RUN)/k1024
+	{ $(KG) --length 2048 --variants $(KG_ALL) --out $(KG_RUN)/kg/key_groups_k256_2k.json && \
+	  $(KG) --adapter $(KG_RUN)/k512/adapter --length 2048 --variants served,kmeans16 \
+		--out $(KG_RUN)/kg/key_groups_k512_2k.json && \
+	  $(KG) --adapter $(KG_RUN)/k1024/adapter --length 2048 --variants served,kmeans16 \
+		--out $(KG_RUN)/kg/key_groups_k1024_2k.json && \
+	  $(KG) --length 8192 --variants served,kmeans16 --out $(KG_RUN)/kg/key_groups_k256_8k.json; } & \
+	$(KG) --adapter $(KG_RUN)/k1024/adapter --length 8192 --variants served,kmeans16 \
+		--out $(KG_RUN)/kg/key_groups_k1024_8k.json & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KG_RUN)/k1024/adapter --key-scores means $(KG_BENCH) --out $(KG_RUN)/bm_k1024
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) $(KG_BENCH) --out $(KG_RUN)/bm_k256
+	cp $(KG_RUN)/kg/key_groups_k*.json docs/results/
+	cp $(KG_RUN)/bm_k1024/model_bench.json docs/results/key_groups_bench_k1024.json
+	cp $(KG_RUN)/bm_k256/model_bench.json docs/results/key_groups_bench_k256.json
 	$(MAKE) results
 
 # Does routing by the layer's own keys need g2's dense heads? The shipped keys256 served with none (every head

@@ -146,3 +146,34 @@ def test_render_registers_rows_changes_against_the_same_run_and_oracle_ratio(tmp
     (tmp_path / "register_eval_code.json").write_text(__import__("json").dumps(doc))
     out = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "A register outside the routing's fit" in out and "8.40 (+5.0%)" in out
+
+
+def test_render_key_groups_rows_oracle_ratio_and_the_benches_beside(tmp_path):
+    """Key-group probes become one table (a row per centroid count, length and variant; dropped over the oracle's
+    per register) and the bench runs kept beside them (never in the Pareto) a speed table."""
+    import json
+
+    from focusattn.analysis.recall_report import render_key_groups
+    from focusattn.analysis.results import write_results
+
+    def doc(k, t, served):
+        split = {"served": {"dropped_distant": served, "keys_per_query": 100, "imbalance": 1.5,
+                            "groups_per_query": 15.0},
+                 "kmeans16": {"dropped_distant": 0.25, "keys_per_query": 100, "imbalance": 1.3,
+                              "groups_per_query": 30.0},
+                 "oracle@served": {"dropped_distant": 0.2, "keys_per_query": 100}}
+        return {"command": f"python scripts/key_groups_probe.py --k {k}", "adapter": "a", "groups": k,
+                "budget": 0.12, "T": t, "windows": 1, "splits": {"shakespeare": split, "python-code": split}}
+    bench = {"adapter": "runs/k1024/adapter", "command": "focusattn bench-model --x", "cpu": "Xeon",
+             "results": [{"T": 8192, "variant": "original", "prefill_speedup": 1.0, "decode_speedup": 1.0},
+                         {"T": 8192, "variant": "top1", "prefill_speedup": 0.66, "decode_speedup": 0.93}]}
+    text = render_key_groups([doc(1024, 2048, 0.28), doc(256, 2048, 0.3)], [bench])
+    rows = [line for line in text.splitlines() if line.startswith("| 256 |") or line.startswith("| 1024 |")]
+    assert rows[0].startswith("| 256 | 2048 | served | 30.0% (1.50x) | 30.0% (1.50x) | 15.0 | 1.50 |")
+    assert rows[3].startswith("| 1024 | 2048 | served | 28.0% (1.40x)")
+    assert "| oracle@served | 20.0% | 20.0% | — | — |" in text
+    assert "| `runs/k1024/adapter` | 8192 | 0.66x | 0.93x | Xeon |" in text and "`focusattn bench-model --x`" in text
+    (tmp_path / "key_groups_k256_2k.json").write_text(json.dumps(doc(256, 2048, 0.3)))
+    (tmp_path / "key_groups_bench_k1024.json").write_text(json.dumps(bench))
+    out = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
+    assert "Finer or adaptive key groups" in out and "0.66x" in out and "Whole-model speed: `runs/k1024" not in out

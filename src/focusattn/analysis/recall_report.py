@@ -302,3 +302,42 @@ def render_registers(docs: list[dict]) -> str:
                              f"{rel('ppl_ood')} | {rel('repeat_ppl')} | {pk} | {drop} | {over} |")
         cmds.append(f"- `{doc['command']}`")
     return "\n".join(lines + ["", "Passkeys are hidden in the register's own text. Commands:", "", *cmds])
+
+
+def render_key_groups(docs: list[dict], benches: list[dict]) -> str:
+    """``scripts/key_groups_probe.py`` runs (``key_groups_k*.json``) as one table: per adapter (its centroids per
+    layer), length and variant of the key groups or their scores, the distant attention dropped per register and
+    over the oracle's at the served budget, and the groups a query takes; then the whole-model speed of the same
+    adapters (``bench-model`` runs kept as ``key_groups_bench_*.json``, so they never enter the Pareto table). Why:
+    a finer or adaptive grouping keeps more only if the router and kernels that serve it stay fast."""
+    docs = sorted(docs, key=lambda d: (d["T"], d["groups"]))
+    corpora = list(dict.fromkeys(c for d in docs for c in d["splits"]))
+    lines = ["| centroids | T | variant | " + " | ".join(f"dropped, {c} (over the oracle)" for c in corpora)
+             + " | groups a query takes | imbalance |", "|" + "---|" * (5 + len(corpora))]
+    for d in docs:
+        names = list(dict.fromkeys(n for c in d["splits"] for n in d["splits"][c]))
+        for n in names:
+            cells = []
+            for c in corpora:
+                s = d["splits"].get(c, {})
+                r, o = s.get(n), s.get("oracle@served")
+                cells.append("—" if r is None else f"{100 * r['dropped_distant']:.1f}%" + (
+                    f" ({r['dropped_distant'] / o['dropped_distant']:.2f}x)" if o and r is not o else ""))
+            first = next((d["splits"][c][n] for c in corpora if n in d["splits"].get(c, {})), {})
+            gq = f"{first['groups_per_query']:.1f}" if "groups_per_query" in first else "—"
+            im = f"{first['imbalance']:.2f}" if "imbalance" in first else "—"
+            lines.append(f"| {d['groups']} | {d['T']} | {n} | " + " | ".join(cells) + f" | {gq} | {im} |")
+    lines += ["", "Groups a query takes and imbalance (K x the sum of squared group shares; 1 = equal groups) are "
+              f"those of the first register ({corpora[0] if corpora else '—'}). Commands:", ""]
+    lines += [f"- `{d['command']}`" for d in docs]
+    if benches:
+        lines += ["", "Whole model, `bench-model`, the same day on one quiet machine (prefill and a decode step "
+                  "against the original in the same run):", "", "| adapter | T | prefill × | decode × | CPU |",
+                  "|---|---|---|---|---|"]
+        for b in benches:
+            for r in b["results"]:
+                if r["variant"] != "original":
+                    lines.append(f"| `{b['adapter']}` | {r['T']} | {r['prefill_speedup']:.2f}x | "
+                                 f"{r['decode_speedup']:.2f}x | {b.get('cpu') or 'not recorded'} |")
+        lines += ["", *[f"- `{b['command']}`" for b in benches]]
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import (recall_section, render_global_keys, render_key_clusters, render_partition_imitation,
                             render_partition_oracle, render_registers, render_roles, render_router_recall,
-                            render_shared_ranking)
+                            render_shared_ranking, render_key_groups)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 
@@ -97,6 +97,11 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
     registers = [_load(p) for p in sorted(d.glob("register_eval*.json"))]
     if registers:
         parts += ["### A register outside the routing's fit\n", render_registers(registers), ""]
+    key_groups = [_load(p) for p in sorted(d.glob("key_groups_k*.json"))]
+    if key_groups:
+        parts += ["### Finer or adaptive key groups: what they keep and what they cost "
+                  "(`scripts/key_groups_probe.py`, `make key-groups`)\n",
+                  render_key_groups(key_groups, [_load(p) for p in sorted(d.glob("key_groups_bench_*.json"))]), ""]
     if (d / "rebalance_probe.json").exists():
         parts += ["### Online rebalancing interval (`FocusConfig.rebalance`)\n", rebalance_markdown(
             _load(d / "rebalance_probe.json")), ""]
