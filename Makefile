@@ -687,8 +687,9 @@ registers: $(STAMP)
 
 # Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep
 # of the distant attention (online k-means assignment, balanced groups, variance or Quest-bound scores, 512 and 1024
-# fitted centroids), against per-sequence k-means and the oracle (scripts/key_groups_probe.py), then the whole-model
-# speed of 1024 centroids beside the shipped 256, alone and in turn (~45 min on 2 cores, the benches ~12 min alone).
+# fitted centroids), against per-sequence k-means and the oracle (scripts/key_groups_probe.py), then
+# the quality of 1024 centroids on Python source at 2048 (~10 min) and their whole-model speed beside the shipped 256,
+# alone and in turn (~55 min on 2 cores, the benches ~12 min alone).
 KG_RUN ?= $(RUNS)/online
 KG := OMP_NUM_THREADS=1 $(PY) scripts/key_groups_probe.py
 KG_ALL := served,online1,online8,cap2,cap4,gauss0.03,gauss0.0625,gauss0.125,bound,kmeans16,kmeans32
@@ -705,9 +706,14 @@ key-groups: $(STAMP) python-docs
 	  $(KG) --length 8192 --variants served,kmeans16 --out $(KG_RUN)/kg/key_groups_k256_8k.json; } & \
 	$(KG) --adapter $(KG_RUN)/k1024/adapter --length 8192 --variants served,kmeans16 \
 		--out $(KG_RUN)/kg/key_groups_k1024_8k.json & wait
+	$(VENV)/bin/focusattn long-eval --adapter $(KG_RUN)/k1024/adapter --key-scores means --lengths 2048 \
+		--ppl-max-len 2048 --ppl-windows 2 --recall-windows 0 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 \
+		--threads 1 --data shakespeare --ood-data python-code --baselines '' --variants original,top1 \
+		--out $(KG_RUN)/le/k1024_code_2k > $(KG_RUN)/k1024_code_2k.log 2>&1
 	$(VENV)/bin/focusattn bench-model --adapter $(KG_RUN)/k1024/adapter --key-scores means $(KG_BENCH) --out $(KG_RUN)/bm_k1024
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) $(KG_BENCH) --out $(KG_RUN)/bm_k256
 	cp $(KG_RUN)/kg/key_groups_k*.json docs/results/
+	cp $(KG_RUN)/le/k1024_code_2k/long_eval.json docs/results/register_eval_k1024_means_code.json
 	cp $(KG_RUN)/bm_k1024/model_bench.json docs/results/key_groups_bench_k1024.json
 	cp $(KG_RUN)/bm_k256/model_bench.json docs/results/key_groups_bench_k256.json
 	$(MAKE) results
