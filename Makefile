@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: key-groups registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: bench-ship key-groups registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -683,6 +683,22 @@ registers: $(STAMP)
 	cp $(SHIP_RUN)/bm_means_amx/model_bench.png docs/results/model_bench_keys256_means_amx.png
 	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.json docs/results/model_bench_keys256_ship_amx.json
 	cp $(SHIP_RUN)/bm_keys256_amx/model_bench.png docs/results/model_bench_keys256_ship_amx.png
+	$(MAKE) results
+
+# Every shipped adapter's whole-model speed at 8192 on one machine in one session (the README table's speed column
+# had rows from two chips): alone and in turn, each against the original in its own run (~40 min on one core; keep
+# the machine otherwise quiet). DAY names the session's JSON so it sorts after older runs of the same adapter.
+DAY ?= 1206
+BM_8K := --lengths 8192 --repeats 2 --decode-tokens 8 --threads 1
+bench-ship: $(STAMP)
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-k8 --top-k 1 2 $(BM_8K) --out $(RUNS)/ship$(DAY)/k8
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/g2
+	$(VENV)/bin/focusattn bench-model --adapter smollm2-135m-focus-g2 --window 512 --top-k 1 $(BM_8K) \
+		--out $(RUNS)/ship$(DAY)/g2_w512
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_SHIP) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_ship
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_means
+	for n in k8 g2 g2_w512 keys256_ship keys256_means; do for x in json png; do \
+		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
 	$(MAKE) results
 
 # Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep
