@@ -73,10 +73,10 @@ def stat_scores(qf, keys, gid, ok, cent, window: int, lams) -> dict[str, torch.T
     for b in range(nb):
         sl = slice(b * BLOCK, min(t, (b + 1) * BLOCK))
         bsum[b], bsq[b], bcnt[b] = oh[sl].t() @ keys[sl], oh[sl].t() @ keys[sl] ** 2, oh[sl].sum(0)
-        for j in range(sl.start, sl.stop):
-            if ok[j]:
-                bmax[b, gid[j]] = torch.maximum(bmax[b, gid[j]], keys[j])
-                bmin[b, gid[j]] = torch.minimum(bmin[b, gid[j]], keys[j])
+        x = keys[sl][ok[sl]]
+        g = gid[sl][ok[sl]][:, None].expand_as(x)
+        bmax[b].scatter_reduce_(0, g, x, "amax")
+        bmin[b].scatter_reduce_(0, g, x, "amin")
 
     def before(x):  # index m: the blocks < m
         return torch.cat([torch.zeros_like(x[:1]), x.cumsum(0)], 0)
@@ -165,7 +165,7 @@ def main() -> None:
                 add(name, gid, qm)
 
             routing = r(h)
-            served = routing.membership[0].to(torch.bool).float().argmax(-1)
+            served = routing.membership[0].float().argmax(-1)
             add("served", served, routing.query_membership[0])
             for v in variants:
                 if v.startswith("online") or v.startswith("cap"):
