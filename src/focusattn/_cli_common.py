@@ -218,8 +218,7 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
 
 
 SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "rank_block",
-                   "rank_own",
-                   "dense_heads")
+                   "rank_own", "union_block", "dense_heads")
 
 
 def add_serve_overrides(p) -> None:
@@ -250,6 +249,10 @@ def add_serve_overrides(p) -> None:
     p.add_argument("--rank-own", type=int, default=None,
                    help="with --rank-block: the groups each query takes by its own scores before the block's shared "
                         "order (FocusConfig.rank_own)")
+    p.add_argument("--union-block", type=int, default=None,
+                   help="override what a key-space adapter's queries keep: 0 = their own groups, B = also the groups "
+                        "of their B-position block's earlier queries and of the block before (64 = the keyed "
+                        "engine's block; FocusConfig.union_block)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

@@ -159,6 +159,9 @@ def test_pareto_names_the_serving_settings_a_command_added():
     assert _adapter_name(means) == "smollm2-135m-focus-keys256 +means"
     assert _adapter_name({**means, "command": "focusattn long-eval --adapter x --key-scores centroids",
                           "focus_config": {"key_scores": "centroids"}}) == "smollm2-135m-focus-keys256"
+    union = {"adapter": "smollm2-135m-focus-keys256-means", "focus_config": {"budget": 0.03, "union_block": 64},
+             "command": "focusattn long-eval --adapter smollm2-135m-focus-keys256-means --budget 0.03 --union-block 64"}
+    assert _adapter_name(union) == "smollm2-135m-focus-keys256-means +budget 0.03 +union 64"
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):

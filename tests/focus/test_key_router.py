@@ -13,10 +13,11 @@ from focusattn.focus import key_router
 from focusattn.focus.key_router import KeyRouter, key_features
 
 
-def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0, rank_own=0):
+def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0, rank_own=0,
+            union_block=0):
     cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
                       top_k=1, budget=budget, key_scores=key_scores, rank_block=rank_block,
-                      rank_own=rank_own)
+                      rank_own=rank_own, union_block=union_block)
     r = KeyRouter(width, cfg)
     r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
     return r
@@ -29,7 +30,9 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     ``key_scores="means"`` against the mean of each group's real, non-sink keys before ``lim`` (the query's
     position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key.
     With ``rank_block = B`` a query in the ``n``-th block of ``B`` real tokens (n > 0) ranks by the mean of those
-    scores over the real queries of block ``n - 1``, after its own best ``rank_own`` groups."""
+    scores over the real queries of block ``n - 1``, after its own best ``rank_own`` groups. With ``union_block = B``
+    a query then also keeps the groups of the real queries of its block of ``B`` real tokens up to it and of the
+    block before."""
     cfg, w = r.cfg, r.width
     c = r.centroids
     b, t, _ = h.shape
@@ -71,6 +74,13 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
                 before = after
             if not out[bi, i].any():
                 out[bi, i, order[0]] = True
+        if cfg.union_block:
+            block = [max(0, (int(rank[i]) - 1) // cfg.union_block) for i in range(t)]
+            own = out[bi].clone()
+            for i in range(t):
+                for j in range(t):
+                    if valid[bi, j] and (block[j] == block[i] - 1 or (block[j] == block[i] and j <= i)):
+                        out[bi, i] |= own[j]
     return ids, out
 
 
@@ -168,6 +178,44 @@ def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b,
     assert torch.equal(stepped, served)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
+       window=st.sampled_from([0, 3, 8]), sink=st.sampled_from([0, 1]), union_block=st.sampled_from([1, 2, 3, 5]),
+       rank_block=st.sampled_from([0, 3]), key_scores=st.sampled_from(["centroids", "means"]),
+       budget=st.sampled_from([0.05, 0.3, 0.5]), padded=st.booleans(), split=st.integers(0, 40))
+def test_block_unions_match_the_reference_and_steps_give_the_prefill(seed, b, t, k_groups, window, sink, union_block,
+                                                                     rank_block, key_scores, budget, padded, split):
+    """``union_block``: a query keeps its own groups and those of its block's earlier real queries and of the block
+    before (the reference); a prefill of ``split`` tokens then one-token steps give the one prefill's groups, across
+    block boundaries and left padding (blocks count real tokens)."""
+    width = 4
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if padded:
+        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
+                union_block=union_block)
+    served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, 4)
+    assert torch.equal(served, reference)
+    assert torch.equal(stepped, served)
+
+
+def test_block_unions_keep_what_the_keyed_engine_computes():
+    """Why ``union_block``: the keyed engine computes, per block of 64 queries, every key of the groups its queries
+    joined. With own groups a row keeps a fraction of that; with unions of the same own groups, each block's
+    computed groups are its own and the previous block's, and a query keeps most of them."""
+    torch.manual_seed(0)
+    h = torch.randn(1, 512, 16)
+    own = _router(32, 8, 16, 1, 0.05)(h).query_membership[0]
+    union = _router(32, 8, 16, 1, 0.05, union_block=64)(h).query_membership[0]
+    assert bool((own & ~union).sum() == 0)  # a query's own groups are kept
+    for i in range(64, 512, 64):
+        blk, prev = own[i:i + 64].any(0), own[i - 64:i].any(0)
+        assert torch.equal(union[i:i + 64].any(0), blk | prev)
+        assert float(union[i:i + 64].sum()) > 2 * float(own[i:i + 64].sum())
+
+
 def test_shared_rankings_make_a_blocks_groups_nested():
     """Why ``rank_block``: queries of one block fill their budgets from one order, so each query's groups are a
     prefix of the block's last query's order, and the block's union is far smaller than with own rankings."""
@@ -254,6 +302,8 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(rank_block=1.5), "rank_block"),
     (dict(rank_own=1), "rank_own"),
     (dict(rank_block=64, rank_own=-1), "rank_own"),
+    (dict(union_block=-1), "union_block"),
+    (dict(union_block=True), "union_block"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):
     kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes
@@ -269,4 +319,6 @@ def test_a_budget_needs_the_key_router():
         FocusConfig(key_scores="means")
     with pytest.raises(InputError, match="rank_block"):
         FocusConfig(rank_block=64)
+    with pytest.raises(InputError, match="union_block"):
+        FocusConfig(union_block=64)
     assert FocusConfig(num_groups=8, router_input="keys", top_k=1, budget=0.2).roles

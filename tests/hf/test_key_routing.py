@@ -23,9 +23,16 @@ def keyed(arch="llama", cfg=CFG):
     return m.eval()
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "gemma2"])
-def test_served_model_equals_the_dense_reference_and_decodes_as_it_prefills(arch):
-    m = keyed(arch)
+UNION = FocusConfig(num_groups=6, window=4, router_input="keys", top_k=1, budget=0.1, key_scores="means",
+                    union_block=5)
+
+
+@pytest.mark.parametrize("arch, cfg", [("llama", CFG), ("gpt2", CFG), ("qwen2", CFG), ("gemma2", CFG),
+                                       ("llama", UNION)])
+def test_served_model_equals_the_dense_reference_and_decodes_as_it_prefills(arch, cfg):
+    """``UNION``: queries keep their block's groups (``union_block``, blocks of 5 across the 20-token prefill and the
+    steps after it)."""
+    m = keyed(arch, cfg)
     r = fa.hf.routers(m)[0]
     assert isinstance(r, KeyRouter) and r.centroids.shape == (6, key_width(m))
     assert fa.hf.focus_config(m).group_dim == key_width(m)
@@ -165,7 +172,14 @@ def test_a_key_adapter_ships_again_with_other_key_scores(tmp_path, tiny_dir, cap
         derive_key_adapter(str(shipped), "tiny-means", key_scores="centroids", dest=pkg)
     with pytest.raises(InputError, match="router_input"):
         derive_key_adapter("smollm2-135m-focus-k8", "bad", key_scores="means", dest=pkg)
-    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-means"]
+    union = derive_key_adapter(str(shipped), "tiny-union", budget=0.1, union_block=16, dest=pkg)
+    cfg = json.loads((union / "adapter_config.json").read_text())["focus_config"]
+    assert cfg["union_block"] == 16 and cfg["budget"] == 0.1 and cfg["key_scores"] == "means"
+    assert "--union-block 16" in (union / "README.md").read_text()
+    assert fa.hf.focus_config(fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], union)).union_block == 16
+    with pytest.raises(InputError, match="union_block"):
+        derive_key_adapter(str(shipped), "bad", union_block=-1, dest=pkg)
+    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-means", "tiny-union"]
 
 
 def main_ok(argv) -> bool:

@@ -191,7 +191,7 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
 
 
 def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_scores: str | None = None,
-                     long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+                     union_block: int | None = None, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
     """``run_dir``: a ``focusattn fit-keys --out`` folder (``summary.json`` + ``adapter/``): its centroids shipped
     as ``name``, served at ``budget`` (``FocusConfig.budget``; None = the one it was fitted with: the centroids do
     not depend on it), with a card saying how they were fitted and the measured tables."""
@@ -206,8 +206,8 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     acfg = json.loads((run / "adapter" / CONFIG).read_text())
-    changes = {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores))
-               if v is not None}
+    changes = {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores),
+                                 ("union_block", union_block)) if v is not None}
     if changes:  # validated before anything is written
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()
     fc = acfg["focus_config"]
@@ -242,22 +242,24 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
              + "."]
     if changes:
         flags = (f" --budget {float(budget):g}" if budget is not None else "") + (
-            f" --key-scores {key_scores}" if key_scores is not None else "")
+            f" --key-scores {key_scores}" if key_scores is not None else "") + (
+            f" --union-block {union_block}" if union_block is not None else "")
         lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name}{flags}` "
                   f"(fitted with budget {summary['focus_config']['budget']:g}; the centroids do not depend on it)."]
     return _finish(tmp, out, lines, le, mb)
 
 
 def derive_key_adapter(source: str, name: str, *, budget: float | None = None, key_scores: str | None = None,
-                       long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+                       union_block: int | None = None, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
     """Ship the centroids of key-space adapter ``source`` (a shipped name or an adapter folder) again as ``name``,
-    served with another ``budget`` and/or ``key_scores`` (inference settings: the centroids do not depend on them),
+    served with another ``budget``, ``key_scores`` and/or ``union_block`` (inference settings: the centroids do not depend on them),
     with a card that points at ``source``'s for the fit and gives this one's measured tables. Why a copy and not a
     flag: a user loads one name and gets the measured configuration (decode = prefill, no setting to remember)."""
     from ..adapters import resolve
 
-    if budget is None and key_scores is None:
-        raise InputError("run", source, "a key-space adapter is shipped again only with --budget and/or --key-scores")
+    if budget is None and key_scores is None and union_block is None:
+        raise InputError("run", source, "a key-space adapter is shipped again only with --budget, --key-scores "
+                         "and/or --union-block")
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-keys256-means")
     try:
@@ -267,8 +269,10 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
     verify_adapter(src)
     acfg = json.loads((src / CONFIG).read_text())
     if acfg["focus_config"].get("router_input") != "keys":
-        raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores")
-    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores)) if v is not None}
+        raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores/"
+                         "--union-block")
+    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores), ("union_block", union_block))
+               if v is not None}
     acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()  # validated first
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
@@ -290,7 +294,10 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
              f"(`FocusConfig.key_scores`, docs/DESIGN.md) and joins groups in that order until they hold "
              f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
-             f"{fc['sink_tokens']} sink). Served exactly by the sparse kernels (decode = prefill)"
+             f"{fc['sink_tokens']} sink)"
+             + (f", and also keeps every group the earlier queries of its {fc['union_block']}-token block and the "
+                "block before joined (`FocusConfig.union_block`)" if fc.get("union_block") else "")
+             + ". Served exactly by the sparse kernels (decode = prefill)"
              + (f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
              + ".", "",
              *_usage_and_command(acfg["base_model"], f'fa.load_adapter(model, "{name}")',

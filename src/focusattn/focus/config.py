@@ -86,6 +86,13 @@ class FocusConfig:
     rank_own: with ``rank_block``, how many groups a query takes by its own scores before the block's shared order
         (0: none). Why: the shared order is the previous block's, so a lookup of the query's own (a passkey, a copy)
         is lost without it (measured: passkey 4/6 -> 2/6 at 2048 with ``rank_own=0``).
+    union_block: with ``router_input="keys"``, 0 (each query keeps the groups it joined) or ``B``: a query also keeps
+        every group that the earlier queries of its block of ``B`` real tokens joined, and every group of the block
+        before (``KeyRouter._block_union``; causal, so decode = prefill). Why: the keyed engine computes, per 64
+        queries (``kernels.decomposed.keyed.QUERY_BLOCK``, the block to use), every key of the groups any of them
+        joined and masked each row down to its own; keeping them instead, a smaller ``budget`` keeps as much of the
+        attention at less compute (measured on held-out text: docs/DECISIONS.md, "Queries keep their block's
+        groups").
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -122,6 +129,7 @@ class FocusConfig:
     key_scores: str = "centroids"
     rank_block: int = 0
     rank_own: int = 0
+    union_block: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -221,6 +229,10 @@ class FocusConfig:
             bad("rank_own", "0 without rank_block (the groups a query takes before the block's shared order)")
         if self.router_input == "hidden" and self.rank_block:
             bad("rank_block", "0 with router_input='hidden' (the key-space router's choice)")
+        if isinstance(self.union_block, bool) or not isinstance(self.union_block, int) or self.union_block < 0:
+            bad("union_block", "0 or a positive number of positions (64 = the keyed engine's query block)")
+        if self.router_input == "hidden" and self.union_block:
+            bad("union_block", "0 with router_input='hidden' (the key-space router's choice)")
         if self.router_input == "keys":
             if not 0 < self.budget <= 1:
                 bad("budget", "a float in (0, 1] with router_input='keys' (the share of each query's distant keys)")

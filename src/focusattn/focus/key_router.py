@@ -123,6 +123,9 @@ class KeyRouter(nn.Module):
         # cluster would overshoot the budget twice over) takes its best-scored one.
         best = scores.argmax(-1, keepdim=True)
         qmem.scatter_(-1, best, qmem.gather(-1, best) | ~qmem.any(-1, keepdim=True))
+        if cfg.union_block:
+            qmem = self._block_union(qmem, valid, rank, None if memo is None or start == 0 else memo.get("union"),
+                                     memo)
         if memo is not None:
             memo["keys"] = {"n": start + t, "ids": tail_ids[:, last - at:], "countable": countable[:, last - at:],
                             "real": rank[:, -1], "at": last, "count": prefix[:, -1]}
@@ -216,6 +219,41 @@ class KeyRouter(nn.Module):
                 at += m
         if memo is not None:
             memo["rank"] = state
+        return out
+
+    def _block_union(self, qmem, valid, rank, state: dict | None, memo: dict | None) -> torch.Tensor:
+        """``FocusConfig.union_block = B``: each query keeps, beside its own groups, every group the real queries of
+        its block of ``B`` real tokens (``(rank - 1) // B``, as ``rank_block``) joined up to it, and every group
+        the previous block's joined. ``qmem`` [B, T, K] bool, the queries' own groups.
+
+        Why: the keyed engine computes every key of those groups for the whole block anyway (it masked each row
+        down to its own); keeping them, a smaller budget keeps as much attention at less compute. Causal (a query
+        sees only earlier queries' choices), so ``memo["union"]`` carries the open block's union and the one
+        before it across a chunked prefill and decode steps."""
+        b, t, kk = qmem.shape
+        if state is None:
+            state = {"block": [0] * b, "open": qmem.new_zeros(b, kk), "prev": qmem.new_zeros(b, kk)}
+        nxt = {"block": list(state["block"]), "open": state["open"].clone(), "prev": state["prev"].clone()}
+        bid = torch.div(rank - 1, self.cfg.union_block, rounding_mode="floor").clamp_min(0)
+        out = qmem.clone()
+        for r in range(b):
+            runs, counts = torch.unique_consecutive(bid[r], return_counts=True)
+            starts = counts.cumsum(0) - counts
+            mine = (qmem[r] & valid[r, :, None]).to(torch.int32).cumsum(0)  # real queries' joins, running
+            base = torch.cat([mine.new_zeros(1, kk), mine])[starts].repeat_interleave(counts, 0)
+            within = (mine - base) > 0  # [T, K]: joined by a query of the block at or before each
+            carried = int(runs[0]) == nxt["block"][r]  # the first block continues the carried open one
+            first = slice(0, int(counts[0]))
+            if carried:
+                within[first] |= nxt["open"][r]
+            closed = within[starts + counts - 1]  # [runs, K]: each block's union as of its last query here
+            before = nxt["prev"][r] if carried else nxt["open"][r]  # the first block's predecessor
+            prev = torch.cat([before[None], closed[:-1]]).repeat_interleave(counts, 0)
+            out[r] |= within | prev
+            nxt["block"][r], nxt["open"][r] = int(runs[-1]), closed[-1]
+            nxt["prev"][r] = prev[-1]
+        if memo is not None:
+            memo["union"] = nxt
         return out
 
     def served(self, h: torch.Tensor, top_k: int, key_top_k: int | None = None) -> Routing:
