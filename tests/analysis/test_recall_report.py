@@ -121,6 +121,21 @@ def test_render_shared_ranking_has_a_row_per_ranking_and_the_union_per_split():
     assert "| oracle@own | 20.0% | — | 20.0% | — |" in text
 
 
+def test_render_block_union_puts_the_oracle_kept_and_computed_keys_in_each_cell():
+    from focusattn.analysis.recall_report import render_block_union
+
+    cell = lambda d, k, c=None: {"dropped_distant": d, "keys_per_query": k,  # noqa: E731
+                                 **({} if c is None else {"computed_per_query": c})}
+    doc = {"command": "python scripts/block_union_probe.py --out x.json", "adapter": "a", "served_budget": 0.12,
+           "T": 2048, "windows": 1, "block": 64,
+           "splits": {"shakespeare": {"own@0.03": cell(0.436, 25, 130), "pp@0.03": cell(0.316, 186, 201),
+                                      "oracle@pp@0.03": cell(0.192, 186)}}}
+    text = render_block_union(doc)
+    assert "| own@0.03 | 43.6% · 25 · 130 |" in text
+    assert "| pp@0.03 | 31.6% (19.2%) · 186 · 201 |" in text
+    assert "oracle@" not in text.split("|---|")[1]
+
+
 def test_render_registers_rows_changes_against_the_same_run_and_oracle_ratio(tmp_path):
     """A register outside the fit gets its own table (never the Pareto's news column): changes against the original
     of the same run, passkey counts, and the distant attention dropped over the oracle's."""

@@ -209,6 +209,31 @@ def render_shared_ranking(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_block_union(doc: dict) -> str:
+    """``scripts/block_union_probe.py``: a query's own groups at budget ``b`` against the unions of its block's
+    (``FocusConfig.union_block``): distant attention dropped (and the oracle's at the same kept keys), distant keys
+    kept per query, and the keys its block computes per query (the keyed engine's cost)."""
+    splits = list(doc["splits"])
+    masks = [m for m in dict.fromkeys(m for s in splits for m in doc["splits"][s]) if not m.startswith("oracle@")]
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Adapter `{doc['adapter']}` (served budget {doc['served_budget']:g}) at T = {doc['T']}, "
+             f"{doc['windows']} held-out window(s) per register, blocks of {doc['block']} queries. `own@b`: each query "
+             "its own groups at budget b; `pre@b`: also those of its block's earlier queries; `pp@b`: and those of "
+             "the block before (`union_block`). Cells: distant attention dropped (the oracle's at the same kept "
+             "keys) · distant keys kept per query · distant keys computed per query (the block's groups).", "",
+             "| mask | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for m in masks:
+        cells = []
+        for s in splits:
+            r, o = doc["splits"][s].get(m), doc["splits"][s].get(f"oracle@{m}")
+            cells.append("—" if r is None else
+                         f"{100 * r['dropped_distant']:.1f}%"
+                         + (f" ({100 * o['dropped_distant']:.1f}%)" if o else "")
+                         + f" · {r['keys_per_query']:.0f} · {r.get('computed_per_query', float('nan')):.0f}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_key_clusters(doc: dict) -> str:
     """``scripts/key_clusters_probe.py``: ClusterKV-style selection in each layer's own key space (centroids fitted
     per sequence, or once on training text) at the served top-1 mask's budget per query, beside that mask and the
