@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: bench-ship key-groups registers ship-means setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: bench-ship key-groups registers ship-means ship-union setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -697,8 +697,61 @@ bench-ship: $(STAMP)
 		--out $(RUNS)/ship$(DAY)/g2_w512
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_SHIP) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_ship
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_means
-	for n in k8 g2 g2_w512 keys256_ship keys256_means; do for x in json png; do \
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
+	for n in k8 g2 g2_w512 keys256_ship keys256_means keys256_union; do for x in json png; do \
 		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
+	$(MAKE) results
+
+# Queries keep their block's groups (FocusConfig.union_block; issue 22): keys256-means' centroids at a 4% budget,
+# each query also keeping the groups its 64-token block's earlier queries and the block before joined, which the
+# keyed engine computes anyway. The block-union probe at 2048 (~5 min), the shipped name's long-eval on news and on
+# Python source at 2048 and 8192 (two at a time, ~15 min at 2048, ~60 min at 8192 with the oracle's passkeys, ~30
+# without), then its speed and keys256-means' in one quiet session (~6 min each), and the card.
+KEYS_UNION := smollm2-135m-focus-keys256-union
+UNION_RUN ?= $(RUNS)/union
+ship-union: $(STAMP)
+	mkdir -p $(SHIP_RUN) $(UNION_RUN)
+	$(VENV)/bin/python scripts/block_union_probe.py --length 2048 --windows 1 --budgets 0.03 0.05 0.07 \
+		--out docs/results/block_union_2k.json
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_MEANS) --name $(KEYS_UNION) --budget 0.04 --union-block 64
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(SHIP_RUN)/le_union_2k > $(SHIP_RUN)/le_union_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines oracle --variants original,top1,oracle@top1 \
+		--out $(UNION_RUN)/le_union_code_2k > $(UNION_RUN)/le_union_code_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(SHIP_RUN)/le_union_8k > $(SHIP_RUN)/le_union_8k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines '' --variants original,top1 \
+		--out $(UNION_RUN)/le_union_code_8k > $(UNION_RUN)/le_union_code_8k.log 2>&1 & wait
+	for b in 03 05; do $(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.$$b --union-block 64 \
+		--lengths 2048 --ppl-max-len 2048 --ppl-windows 2 --recall-windows 1 --passkey-per-depth 2 --repeat-n 2 \
+		--no-soft --top-k 1 --threads 1 --data shakespeare --ood-data python-code --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(UNION_RUN)/le_u$${b}_code_2k > $(UNION_RUN)/le_u$$b.log 2>&1 && \
+		cp $(UNION_RUN)/le_u$${b}_code_2k/long_eval.json \
+		docs/results/register_eval_keys256_means_union_b$${b}_code.json; done & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 8192 \
+		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
+		--threads 1 --baselines '' --variants original,top1 --out $(UNION_RUN)/le_u05_8k \
+		> $(UNION_RUN)/le_u05_8k.log 2>&1 & wait
+	cp $(UNION_RUN)/le_u05_8k/long_eval.json docs/results/long_eval_keys256_means_union_b05_8k.json
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_means
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --top-k 1 $(BM_8K) \
+		--out $(RUNS)/ship$(DAY)/keys256_means_union_b05
+	for n in keys256_union keys256_means keys256_means_union_b05; do for x in json png; do \
+		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
+	cp $(SHIP_RUN)/le_union_2k/long_eval.json docs/results/long_eval_keys256_union_ship.json
+	cp $(SHIP_RUN)/le_union_8k/long_eval.json docs/results/long_eval_keys256_union_ship_8k.json
+	cp $(UNION_RUN)/le_union_code_2k/long_eval.json docs/results/register_eval_keys256_union_code.json
+	cp $(UNION_RUN)/le_union_code_8k/long_eval.json docs/results/register_eval_keys256_union_code_8k.json
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_MEANS) --name $(KEYS_UNION) --budget 0.04 --union-block 64 \
+		--long-eval docs/results/long_eval_keys256_union_ship.json docs/results/long_eval_keys256_union_ship_8k.json \
+		--model-bench docs/results/model_bench_keys256_union_amx_$(DAY).json
 	$(MAKE) results
 
 # Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep
