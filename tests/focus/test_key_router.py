@@ -23,6 +23,17 @@ def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids
     return r
 
 
+def _features(seed, b, t, width, padded):
+    """Router inputs ``[b, t, 2 * width]`` and their real tokens (left padding when ``padded``). Integer-valued
+    features plus a small jitter: no near-ties between scores, so the reference's order is the router's."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
+    valid = torch.ones(b, t, dtype=torch.bool)
+    if padded:
+        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    return h, valid
+
+
 def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     """One query at a time, with plain Python: its distant keys (real, not among the first ``sink`` real tokens,
     distance > window) per group, then groups holding some of them in descending score until the budget (the
@@ -91,12 +102,7 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
 def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k_groups, window, sink, budget,
                                                                     padded, split):
     width = 4
-    g = torch.Generator().manual_seed(seed)
-    # integer-valued features: no near-ties between scores, so the reference's order is the router's
-    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
-    valid = torch.ones(b, t, dtype=torch.bool)
-    if padded:
-        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    h, valid = _features(seed, b, t, width, padded)
     r = _router(k_groups, width, window, sink, budget, seed)
     ids, want = _reference(r, h, valid)
     routing = r(h, mask=valid if padded else None, memo={})
@@ -141,11 +147,7 @@ def test_mean_scores_match_the_reference_and_steps_give_the_prefill(seed, b, t, 
     ``lim``); a prefill of ``split`` tokens then one-token steps give the one prefill's groups (the means' state
     crosses block boundaries in the steps)."""
     width = 4
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
-    valid = torch.ones(b, t, dtype=torch.bool)
-    if padded:
-        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    h, valid = _features(seed, b, t, width, padded)
     r = _router(k_groups, width, window, sink, budget, seed, key_scores="means")
     served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, block)
     assert torch.equal(served, reference)
@@ -166,11 +168,7 @@ def test_shared_rankings_match_the_reference_and_steps_give_the_prefill(seed, b,
     prefill of ``split`` tokens then one-token steps give the one prefill's groups, across block boundaries and
     left padding (blocks count real tokens)."""
     width = 4
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
-    valid = torch.ones(b, t, dtype=torch.bool)
-    if padded:
-        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    h, valid = _features(seed, b, t, width, padded)
     r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
                 rank_own=rank_own)
     served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, 4)
@@ -189,11 +187,7 @@ def test_block_unions_match_the_reference_and_steps_give_the_prefill(seed, b, t,
     before (the reference); a prefill of ``split`` tokens then one-token steps give the one prefill's groups, across
     block boundaries and left padding (blocks count real tokens)."""
     width = 4
-    g = torch.Generator().manual_seed(seed)
-    h = torch.randint(-4, 5, (b, t, 2 * width), generator=g).float() + torch.rand(b, t, 2 * width, generator=g) / 8
-    valid = torch.ones(b, t, dtype=torch.bool)
-    if padded:
-        valid[:, : int(torch.randint(0, t, (1,), generator=g))] = False
+    h, valid = _features(seed, b, t, width, padded)
     r = _router(k_groups, width, window, sink, budget, seed, key_scores=key_scores, rank_block=rank_block,
                 union_block=union_block)
     served, reference, stepped = _served_reference_steps(r, h, valid, padded, split, 4)
