@@ -738,7 +738,17 @@ ship-union: $(STAMP)
 		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
 		--threads 1 --baselines '' --variants original,top1 --out $(UNION_RUN)/le_u05_8k \
 		> $(UNION_RUN)/le_u05_8k.log 2>&1 & wait
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 2048 4096 \
+		--ppl-max-len 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 \
+		--threads 1 --baselines oracle --variants original,top1,oracle@top1 --out $(UNION_RUN)/le_u05_2k \
+		> $(UNION_RUN)/le_u05_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 8192 \
+		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
+		--threads 1 --data shakespeare --ood-data python-code --baselines '' --variants original,top1 \
+		--out $(UNION_RUN)/le_u05_code_8k > $(UNION_RUN)/le_u05_code_8k.log 2>&1 & wait
 	cp $(UNION_RUN)/le_u05_8k/long_eval.json docs/results/long_eval_keys256_means_union_b05_8k.json
+	cp $(UNION_RUN)/le_u05_2k/long_eval.json docs/results/long_eval_keys256_means_union_b05.json
+	cp $(UNION_RUN)/le_u05_code_8k/long_eval.json docs/results/register_eval_keys256_means_union_b05_code_8k.json
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_means
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --top-k 1 $(BM_8K) \
