@@ -180,11 +180,11 @@ def test_serving_commands_pass_every_override_to_the_pair_loader(cmd, monkeypatc
     assert set(SERVE_OVERRIDES) <= set(inspect.signature(load_pair).parameters)
     argv = [cmd, "--adapter", "a", "--out", "o", "--rebalance", "128", "--no-rebalance-warm", "--capacity", "1.5",
             "--window", "512", "--budget", "0.12", "--key-scores", "means", "--rank-block", "64", "--rank-own", "2",
-            "--union-block", "64", "--dense-heads", "none"]
+            "--union-block", "64", "--min-keys", "128", "--dense-heads", "none"]
     a = build_parser().parse_args(argv)
     assert serve_overrides(a) == {"rebalance": 128, "rebalance_warm": False, "capacity": 1.5, "window": 512,
                                   "budget": 0.12, "key_scores": "means", "rank_block": 64,
-                                  "rank_own": 2, "union_block": 64, "dense_heads": "none"}
+                                  "rank_own": 2, "union_block": 64, "min_keys": 128, "dense_heads": "none"}
     got = {}
     target = "focusattn.eval.longctx.run_long_eval" if cmd == "long-eval" else "focusattn.bench.model.run_model_bench"
     monkeypatch.setattr(target, lambda *x, **k: got.update(k) or {"results": []})

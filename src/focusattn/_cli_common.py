@@ -218,7 +218,7 @@ DENSE_HEADS_HELP = ("override the adapter's dense heads (FocusConfig.dense_heads
 
 
 SERVE_OVERRIDES = ("rebalance", "rebalance_warm", "capacity", "window", "budget", "key_scores", "rank_block",
-                   "rank_own", "union_block", "dense_heads")
+                   "rank_own", "union_block", "min_keys", "dense_heads")
 
 
 def add_serve_overrides(p) -> None:
@@ -253,6 +253,9 @@ def add_serve_overrides(p) -> None:
                    help="override what a key-space adapter's queries keep: 0 = their own groups, B = also the groups "
                         "of their B-position block's earlier queries and of the block before (64 = the keyed "
                         "engine's block; FocusConfig.union_block)")
+    p.add_argument("--min-keys", type=int, default=None,
+                   help="override a key-space adapter's floor under each query's budget: at least N of its distant "
+                        "keys, all of them when it has fewer (FocusConfig.min_keys; 0 = the share alone)")
     p.add_argument("--dense-heads", default=None, help=DENSE_HEADS_HELP)
 
 

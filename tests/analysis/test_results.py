@@ -162,6 +162,10 @@ def test_pareto_names_the_serving_settings_a_command_added():
     union = {"adapter": "smollm2-135m-focus-keys256-means", "focus_config": {"budget": 0.03, "union_block": 64},
              "command": "focusattn long-eval --adapter smollm2-135m-focus-keys256-means --budget 0.03 --union-block 64"}
     assert _adapter_name(union) == "smollm2-135m-focus-keys256-means +budget 0.03 +union 64"
+    floor = {"adapter": "smollm2-135m-focus-keys256-union", "focus_config": {"budget": 0.04, "union_block": 64,
+                                                                             "min_keys": 128},
+             "command": "focusattn long-eval --adapter smollm2-135m-focus-keys256-union --min-keys 128"}
+    assert _adapter_name(floor) == "smollm2-135m-focus-keys256-union +min 128"
 
 
 def test_dense_heads_section_renders_the_sweep(tmp_path):

@@ -14,10 +14,10 @@ from focusattn.focus.key_router import KeyRouter, key_features
 
 
 def _router(k_groups, width, window, sink, budget, seed=0, key_scores="centroids", rank_block=0, rank_own=0,
-            union_block=0):
+            union_block=0, min_keys=0):
     cfg = FocusConfig(num_groups=k_groups, group_dim=width, window=window, sink_tokens=sink, router_input="keys",
                       top_k=1, budget=budget, key_scores=key_scores, rank_block=rank_block,
-                      rank_own=rank_own, union_block=union_block)
+                      rank_own=rank_own, union_block=union_block, min_keys=min_keys)
     r = KeyRouter(width, cfg)
     r.centroids.copy_(torch.randn(k_groups, width, generator=torch.Generator().manual_seed(seed)))
     return r
@@ -37,9 +37,10 @@ def _features(seed, b, t, width, padded):
 def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
     """One query at a time, with plain Python: its distant keys (real, not among the first ``sink`` real tokens,
     distance > window) per group, then groups holding some of them in descending score until the budget (the
-    crossing one when nearer), at least the best one. Scores: the query against the centroids, or with
-    ``key_scores="means"`` against the mean of each group's real, non-sink keys before ``lim`` (the query's
-    position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the centroid counted as one more key.
+    share, at least ``min_keys`` or all of them; the crossing one when nearer), at least the best one. Scores: the
+    query against the centroids, or with ``key_scores="means"`` against the mean of each group's real, non-sink
+    keys before ``lim`` (the query's position less the window, rounded down to ``MEANS_BLOCK``, at least 0), the
+    centroid counted as one more key.
     With ``rank_block = B`` a query in the ``n``-th block of ``B`` real tokens (n > 0) ranks by the mean of those
     scores over the real queries of block ``n - 1``, after its own best ``rank_own`` groups. With ``union_block = B``
     a query then also keeps the groups of the real queries of its block of ``B`` real tokens up to it and of the
@@ -74,7 +75,7 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
             for j in range(t):
                 if j < i - cfg.window and valid[bi, j] and rank[j] > cfg.sink_tokens:
                     counts[int(ids[bi, j])] += 1
-            want = round(cfg.budget * sum(counts))
+            want = max(round(cfg.budget * sum(counts)), min(cfg.min_keys, sum(counts)))
             order = lead[i] + [g for g in sorted(range(cfg.num_groups), key=lambda g: -float(scores[bi, i, g]))
                                if g not in lead[i]]
             before = 0
@@ -98,12 +99,14 @@ def _reference(r: KeyRouter, h: torch.Tensor, valid: torch.Tensor):
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 2), t=st.integers(1, 40), k_groups=st.integers(1, 6),
        window=st.sampled_from([0, 1, 3, 8]), sink=st.sampled_from([0, 1, 2]),
-       budget=st.sampled_from([0.05, 0.3, 0.5, 1.0]), padded=st.booleans(), split=st.integers(0, 40))
+       budget=st.sampled_from([0.05, 0.3, 0.5, 1.0]), padded=st.booleans(), split=st.integers(0, 40),
+       min_keys=st.sampled_from([0, 0, 2, 7]))
 def test_budget_rule_matches_the_one_query_reference_and_is_causal(seed, b, t, k_groups, window, sink, budget,
-                                                                    padded, split):
+                                                                    padded, split, min_keys):
+    """``min_keys``: a floor under the share (all of a query's distant keys when it has fewer)."""
     width = 4
     h, valid = _features(seed, b, t, width, padded)
-    r = _router(k_groups, width, window, sink, budget, seed)
+    r = _router(k_groups, width, window, sink, budget, seed, min_keys=min_keys)
     ids, want = _reference(r, h, valid)
     routing = r(h, mask=valid if padded else None, memo={})
     assert torch.equal(routing.membership, torch.nn.functional.one_hot(ids, k_groups).bool())
@@ -298,6 +301,9 @@ def test_key_features_put_keys_then_group_mean_queries():
     (dict(rank_block=64, rank_own=-1), "rank_own"),
     (dict(union_block=-1), "union_block"),
     (dict(union_block=True), "union_block"),
+    (dict(min_keys=-1), "min_keys"),
+    (dict(min_keys=1.5), "min_keys"),
+    (dict(min_keys=True), "min_keys"),
 ])
 def test_bad_key_router_configs_name_the_field(changes, field):
     kw = dict(num_groups=8, router_input="keys", top_k=1, budget=0.2) | changes
@@ -315,4 +321,6 @@ def test_a_budget_needs_the_key_router():
         FocusConfig(rank_block=64)
     with pytest.raises(InputError, match="union_block"):
         FocusConfig(union_block=64)
+    with pytest.raises(InputError, match="min_keys"):
+        FocusConfig(min_keys=128)
     assert FocusConfig(num_groups=8, router_input="keys", top_k=1, budget=0.2).roles

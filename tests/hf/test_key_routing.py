@@ -25,13 +25,15 @@ def keyed(arch="llama", cfg=CFG):
 
 UNION = FocusConfig(num_groups=6, window=4, router_input="keys", top_k=1, budget=0.1, key_scores="means",
                     union_block=5)
+FLOOR = FocusConfig(num_groups=6, window=4, router_input="keys", top_k=1, budget=0.05, key_scores="means",
+                    min_keys=6)
 
 
 @pytest.mark.parametrize("arch, cfg", [("llama", CFG), ("gpt2", CFG), ("qwen2", CFG), ("gemma2", CFG),
-                                       ("llama", UNION)])
+                                       ("llama", UNION), ("llama", FLOOR)])
 def test_served_model_equals_the_dense_reference_and_decodes_as_it_prefills(arch, cfg):
     """``UNION``: queries keep their block's groups (``union_block``, blocks of 5 across the 20-token prefill and the
-    steps after it)."""
+    steps after it); ``FLOOR``: a budget of at least 6 distant keys (``min_keys``)."""
     m = keyed(arch, cfg)
     r = fa.hf.routers(m)[0]
     assert isinstance(r, KeyRouter) and r.centroids.shape == (6, key_width(m))
@@ -179,7 +181,13 @@ def test_a_key_adapter_ships_again_with_other_key_scores(tmp_path, tiny_dir, cap
     assert fa.hf.focus_config(fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], union)).union_block == 16
     with pytest.raises(InputError, match="union_block"):
         derive_key_adapter(str(shipped), "bad", union_block=-1, dest=pkg)
-    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-means", "tiny-union"]
+    floor = derive_key_adapter(str(union), "tiny-floor", min_keys=8, dest=pkg)
+    card = (floor / "README.md").read_text()
+    assert json.loads((floor / "adapter_config.json").read_text())["focus_config"]["min_keys"] == 8
+    assert "--min-keys 8" in card and "at least 8" in card
+    with pytest.raises(InputError, match="min_keys"):
+        derive_key_adapter(str(shipped), "bad", min_keys=-1, dest=pkg)
+    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-floor", "tiny-means", "tiny-union"]
 
 
 def main_ok(argv) -> bool:

@@ -72,13 +72,14 @@ def _ship(a) -> int:
     if not a.name:
         raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
     fitted = _fitted_keys(a.run)  # a `fit-keys` folder: centroids, served at a budget
-    if fitted or a.budget is not None or a.key_scores is not None or a.union_block is not None:
+    if fitted or any(x is not None for x in (a.budget, a.key_scores, a.union_block, a.min_keys)):
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
             raise InputError("run", a.run, "a key-space adapter ships with its own dense heads and no rebalancing "
-                             "or cap: allowed --budget, --key-scores, --union-block, --long-eval, --model-bench")
+                             "or cap: allowed --budget, --key-scores, --union-block, --min-keys, --long-eval, "
+                             "--model-bench")
         ship = ship_key_adapter if fitted else derive_key_adapter
         out = ship(a.run, a.name, budget=a.budget, key_scores=a.key_scores, union_block=a.union_block,
-                   long_eval=a.long_eval,
+                   min_keys=a.min_keys, long_eval=a.long_eval,
                    model_bench=a.model_bench)
         print(f"wrote {out} (adapter + README.md model card)")
         return 0
@@ -187,6 +188,9 @@ def register(sub) -> None:
                    help="a `fit-keys` folder or a key-space adapter: ship it with each query also keeping the groups "
                         "its block's earlier queries and the block before joined (FocusConfig.union_block; 64 = the "
                         "keyed engine's block)")
+    s.add_argument("--min-keys", type=int, default=None,
+                   help="a `fit-keys` folder or a key-space adapter: ship it with a floor under each query's budget, "
+                        "at least N of its distant keys (FocusConfig.min_keys)")
     s.add_argument("--first-phase", default=None,
                    help="the retrofit folder RUN continued from (--init-adapter): its command goes on the card too")
     s.add_argument("--dense-heads", default=None,

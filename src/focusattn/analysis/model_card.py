@@ -191,7 +191,8 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
 
 
 def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_scores: str | None = None,
-                     union_block: int | None = None, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+                     union_block: int | None = None, min_keys: int | None = None, long_eval=None, model_bench=None,
+                     dest: Path | None = None) -> Path:
     """``run_dir``: a ``focusattn fit-keys --out`` folder (``summary.json`` + ``adapter/``): its centroids shipped
     as ``name``, served at ``budget`` (``FocusConfig.budget``; None = the one it was fitted with: the centroids do
     not depend on it), with a card saying how they were fitted and the measured tables."""
@@ -207,7 +208,7 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     acfg = json.loads((run / "adapter" / CONFIG).read_text())
     changes = {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores),
-                                 ("union_block", union_block)) if v is not None}
+                                 ("union_block", union_block), ("min_keys", min_keys)) if v is not None}
     if changes:  # validated before anything is written
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()
     fc = acfg["focus_config"]
@@ -243,23 +244,26 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
     if changes:
         flags = (f" --budget {float(budget):g}" if budget is not None else "") + (
             f" --key-scores {key_scores}" if key_scores is not None else "") + (
-            f" --union-block {union_block}" if union_block is not None else "")
+            f" --union-block {union_block}" if union_block is not None else "") + (
+            f" --min-keys {min_keys}" if min_keys is not None else "")
         lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name}{flags}` "
                   f"(fitted with budget {summary['focus_config']['budget']:g}; the centroids do not depend on it)."]
     return _finish(tmp, out, lines, le, mb)
 
 
 def derive_key_adapter(source: str, name: str, *, budget: float | None = None, key_scores: str | None = None,
-                       union_block: int | None = None, long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
+                       union_block: int | None = None, min_keys: int | None = None, long_eval=None, model_bench=None,
+                       dest: Path | None = None) -> Path:
     """Ship the centroids of key-space adapter ``source`` (a shipped name or an adapter folder) again as ``name``,
-    served with another ``budget``, ``key_scores`` and/or ``union_block`` (inference settings: the centroids do not depend on them),
+    served with another ``budget``, ``key_scores``, ``union_block`` and/or ``min_keys`` (inference settings: the
+    centroids do not depend on them),
     with a card that points at ``source``'s for the fit and gives this one's measured tables. Why a copy and not a
     flag: a user loads one name and gets the measured configuration (decode = prefill, no setting to remember)."""
     from ..adapters import resolve
 
-    if budget is None and key_scores is None and union_block is None:
-        raise InputError("run", source, "a key-space adapter is shipped again only with --budget, --key-scores "
-                         "and/or --union-block")
+    if budget is None and key_scores is None and union_block is None and min_keys is None:
+        raise InputError("run", source, "a key-space adapter is shipped again only with --budget, --key-scores, "
+                         "--union-block and/or --min-keys")
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-keys256-means")
     try:
@@ -270,9 +274,9 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
     acfg = json.loads((src / CONFIG).read_text())
     if acfg["focus_config"].get("router_input") != "keys":
         raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores/"
-                         "--union-block")
-    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores), ("union_block", union_block))
-               if v is not None}
+                         "--union-block/--min-keys")
+    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores), ("union_block", union_block),
+                                 ("min_keys", min_keys)) if v is not None}
     acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()  # validated first
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
@@ -293,8 +297,9 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              f"The centroids of `{source}` (same tensors; how they were fitted: its model card), served with "
              f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
              f"(`FocusConfig.key_scores`, docs/DESIGN.md) and joins groups in that order until they hold "
-             f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
-             f"{fc['sink_tokens']} sink)"
+             f"{fc['budget']:.0%} of its distant keys"
+             + (f" (at least {fc['min_keys']}: `FocusConfig.min_keys`)" if fc.get("min_keys") else "")
+             + f" (beyond the {fc['window']}-token window, after {fc['sink_tokens']} sink)"
              + (f", and also keeps every group the earlier queries of its {fc['union_block']}-token block and the "
                 "block before joined (`FocusConfig.union_block`)" if fc.get("union_block") else "")
              + ". Served exactly by the sparse kernels (decode = prefill)"

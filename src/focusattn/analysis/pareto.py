@@ -22,8 +22,8 @@ def _adapter_name(doc: dict) -> str:
     (``--window``), ``+budget B`` a key-space budget of its own (``--budget``), ``+means`` groups scored by their keys'
     running means (``--key-scores means``), ``+rank B`` rankings shared per block (``--rank-block``), ``+own M``
     a query's own best groups first (``--rank-own``), ``+union B`` queries keeping their block's groups
-    (``--union-block``), and ``+N dense heads`` when it served dense heads of its own
-    (``--dense-heads``)."""
+    (``--union-block``), ``+min N`` a floor under the budget (``--min-keys``), and ``+N dense heads`` when it
+    served dense heads of its own (``--dense-heads``)."""
     p = Path(doc["adapter"])
     p = p.parent if p.name == "adapter" else p
     name = p.name if p.is_absolute() else p.as_posix()
@@ -38,6 +38,7 @@ def _adapter_name(doc: dict) -> str:
     name = f"{name} +rank {cfg['rank_block']}" if cfg.get("rank_block") and "--rank-block" in cmd else name
     name = f"{name} +own {cfg['rank_own']}" if cfg.get("rank_own") and "--rank-own" in cmd else name
     name = f"{name} +union {cfg['union_block']}" if cfg.get("union_block") and "--union-block" in cmd else name
+    name = f"{name} +min {cfg['min_keys']}" if cfg.get("min_keys") and "--min-keys" in cmd else name
     heads = cfg.get("dense_heads") or ()
     return f"{name} +{len(heads)} dense heads" if "--dense-heads" in cmd else name  # "+0": served without
 

@@ -183,7 +183,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
                     rebalance_warm: bool | None = None, dense_heads=None, capacity: float | None = None,
                     window: int | None = None, budget: float | None = None, key_scores: str | None = None,
                     rank_block: int | None = None, rank_own: int | None = None, union_block: int | None = None,
-                    command: str | None = None,
+                    min_keys: int | None = None, command: str | None = None,
                     progress: bool = True, decode_lengths=()) -> dict:
     """Write ``model_bench.json`` (+ ``.png``) into ``out_dir``; returns the JSON dict. Bad input writes nothing.
 
@@ -202,7 +202,7 @@ def run_model_bench(out_dir, *, model: str = "smollm2-135m", adapter: str, lengt
     pair = load_pair(model, adapter, lengths=[*lengths, *decode_only], top_ks=top_ks, threads=threads,
                      rebalance=rebalance, rebalance_warm=rebalance_warm, dense_heads=dense_heads,
                      capacity=capacity, window=window, budget=budget, key_scores=key_scores,
-                     rank_block=rank_block, rank_own=rank_own, union_block=union_block)
+                     rank_block=rank_block, rank_own=rank_own, union_block=union_block, min_keys=min_keys)
     base, focus, tok = pair.base, pair.focus, pair.tokenizer
     lengths = sorted(set(int(t) for t in lengths))
     _, val = tokenize(load_corpus(data), tok, tokenizer_id=model)

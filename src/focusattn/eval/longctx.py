@@ -99,7 +99,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                   rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None,
                   capacity: float | None = None, window: int | None = None, budget: float | None = None,
                   key_scores: str | None = None, rank_block: int | None = None, rank_own: int | None = None,
-                  union_block: int | None = None, recall_windows: int = 0,
+                  union_block: int | None = None, min_keys: int | None = None, recall_windows: int = 0,
                   command: str | None = None, progress: bool = True) -> dict:
     """Write ``long_eval.json`` into ``out_dir`` and return it. Perplexity runs at lengths ``<= ppl_max_len`` (it
     needs ``ppl_windows`` windows of each length); the probes run at every length. ``variants``: keep only these
@@ -132,7 +132,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     pair = load_pair(model, adapter, lengths=lengths, top_ks=top_ks, threads=threads, rebalance=rebalance,
                      rebalance_warm=rebalance_warm, dense_heads=dense_heads, capacity=capacity,
                      window=window, budget=budget, key_scores=key_scores,
-                     rank_block=rank_block, rank_own=rank_own, union_block=union_block)
+                     rank_block=rank_block, rank_own=rank_own, union_block=union_block, min_keys=min_keys)
     base, focus, tok, cfg, lengths = pair.base, pair.focus, pair.tokenizer, pair.cfg, pair.lengths
     corpora = {"domain": data} | ({"ood": ood_data} if ood_data else {})
     val = {}

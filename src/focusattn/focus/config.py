@@ -93,6 +93,10 @@ class FocusConfig:
         joined and masked each row down to its own; keeping them instead, a smaller ``budget`` keeps as much of the
         attention at less compute (measured on held-out text: docs/DECISIONS.md, "Queries keep their block's
         groups").
+    min_keys: with ``router_input="keys"``, 0 or ``N``: each query's budget is at least ``N`` of its distant keys
+        (all of them when it has fewer). Why: a share is stingy early in a sequence (at 2048 tokens 4% is a group
+        or two), so short contexts lost most of their distant attention; a floor costs little at long context, where
+        the share exceeds it (measured: docs/DECISIONS.md, "A floor under the budget").
     dense_heads: ``(layer, kv_head)`` pairs served with full causal attention, the original model's (not in the
         paper): every query head of that key/value head sees every earlier key, while the layer's other heads keep
         the routed mask; the router still runs for the layer. Why: a few heads copy from far back (induction /
@@ -130,6 +134,7 @@ class FocusConfig:
     rank_block: int = 0
     rank_own: int = 0
     union_block: int = 0
+    min_keys: int = 0
 
     def __post_init__(self):
         def bad(name, allowed):  # InputError: the command line names the flag (--window), Python the field
@@ -233,6 +238,10 @@ class FocusConfig:
             bad("union_block", "0 or a positive number of positions (64 = the keyed engine's query block)")
         if self.router_input == "hidden" and self.union_block:
             bad("union_block", "0 with router_input='hidden' (the key-space router's choice)")
+        if isinstance(self.min_keys, bool) or not isinstance(self.min_keys, int) or self.min_keys < 0:
+            bad("min_keys", "0 or a positive number of distant keys (a floor under each query's budget)")
+        if self.router_input == "hidden" and self.min_keys:
+            bad("min_keys", "0 with router_input='hidden' (the key-space router's choice)")
         if self.router_input == "keys":
             if not 0 < self.budget <= 1:
                 bad("budget", "a float in (0, 1] with router_input='keys' (the share of each query's distant keys)")

@@ -150,6 +150,8 @@ class KeyRouter(nn.Module):
         run = torch.cat([countable.new_zeros(b, 1, dtype=torch.long), countable[:, :last - at].long().cumsum(1)], 1)
         total = state["count"].sum(-1, keepdim=True).long() + run[:, (upto - at).clamp_min(0)]  # [B, T]
         want = torch.round(cfg.budget * total.double()).long()
+        if cfg.min_keys:  # the floor: at least min_keys of the query's distant keys (all of them when fewer)
+            want = torch.maximum(want, total.clamp_max(cfg.min_keys))
         # a group none of whose keys is distant for this query adds no pair to its mask (its other keys are local,
         # sinks or later): not joining it leaves the mask as it is and spares the kernels its keys
         qmem = fill_budget(counts, scores, want) & (counts > 0)

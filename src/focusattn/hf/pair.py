@@ -23,10 +23,10 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
               rebalance: int | None = None, rebalance_warm: bool | None = None, dense_heads=None,
               capacity: float | None = None, window: int | None = None, budget: float | None = None,
               key_scores: str | None = None, rank_block: int | None = None,
-              rank_own: int | None = None, union_block: int | None = None) -> Pair:
+              rank_own: int | None = None, union_block: int | None = None, min_keys: int | None = None) -> Pair:
     """``rebalance`` / ``rebalance_warm`` / ``capacity`` / ``window`` / ``budget`` / ``key_scores`` /
-    ``rank_block`` / ``rank_own`` / ``union_block`` / ``dense_heads``: override the adapter's ``FocusConfig`` fields of those names (inference-time
-    choices, no retraining). ``dense_heads``: a ``--dense-heads``
+    ``rank_block`` / ``rank_own`` / ``union_block`` / ``min_keys`` / ``dense_heads``: override the adapter's
+    ``FocusConfig`` fields of those names (inference-time choices, no retraining). ``dense_heads``: a ``--dense-heads``
     spec (:func:`.heads.parse_dense_heads`; scored heads, ``induction:N`` / ``duplicate:M``, are measured on the loaded
     model) or (layer, kv_head)
     pairs; None keeps the adapter's."""
@@ -45,7 +45,8 @@ def load_pair(model: str, adapter, *, lengths, top_ks, threads: int | None = Non
                               ("window", None if window is None else int(window)),
                               ("budget", None if budget is None else float(budget)),
                               ("key_scores", key_scores), ("rank_block", rank_block),
-                              ("rank_own", rank_own), ("union_block", union_block)) if v is not None}
+                              ("rank_own", rank_own), ("union_block", union_block),
+                              ("min_keys", min_keys)) if v is not None}
     if dense_heads is not None and not isinstance(dense_heads, dict):
         over["dense_heads"] = dense_heads
     if over:
