@@ -136,6 +136,20 @@ def test_render_block_union_puts_the_oracle_kept_and_computed_keys_in_each_cell(
     assert "oracle@" not in text.split("|---|")[1]
 
 
+def test_render_floor_probe_puts_the_oracle_and_kept_keys_in_each_cell():
+    from focusattn.analysis.recall_report import render_floor_probe
+
+    row = lambda d, o, k: {"dropped_distant": d, "oracle_dropped_distant": o, "keys_per_query": k}  # noqa: E731
+    doc = {"command": "python scripts/floor_probe.py --out x.json", "adapter": "a", "budget": 0.04, "union_block": 64,
+           "T": 2048, "windows": 1,
+           "splits": {"shakespeare": {"0": row(0.2865, 0.167, 229.3), "128": row(0.1296, 0.0636, 423)},
+                      "lee-news": {"0": row(0.25, 0.15, 220)}}}
+    text = render_floor_probe(doc)
+    assert "| min_keys | shakespeare | lee-news |" in text
+    assert "| 0 | 28.6% (16.7%) · 229 | 25.0% (15.0%) · 220 |" in text
+    assert "| 128 | 13.0% (6.4%) · 423 | — |" in text
+
+
 def test_render_registers_rows_changes_against_the_same_run_and_oracle_ratio(tmp_path):
     """A register outside the fit gets its own table (never the Pareto's news column): changes against the original
     of the same run, passkey counts, and the distant attention dropped over the oracle's."""

@@ -297,9 +297,9 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              f"The centroids of `{source}` (same tensors; how they were fitted: its model card), served with "
              f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
              f"(`FocusConfig.key_scores`, docs/DESIGN.md) and joins groups in that order until they hold "
-             f"{fc['budget']:.0%} of its distant keys"
-             + (f" (at least {fc['min_keys']}: `FocusConfig.min_keys`)" if fc.get("min_keys") else "")
-             + f" (beyond the {fc['window']}-token window, after {fc['sink_tokens']} sink)"
+             f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
+             f"{fc['sink_tokens']} sink)"
+             + (f", at least {fc['min_keys']} of them (`FocusConfig.min_keys`)" if fc.get("min_keys") else "")
              + (f", and also keeps every group the earlier queries of its {fc['union_block']}-token block and the "
                 "block before joined (`FocusConfig.union_block`)" if fc.get("union_block") else "")
              + ". Served exactly by the sparse kernels (decode = prefill)"

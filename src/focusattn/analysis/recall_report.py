@@ -234,6 +234,28 @@ def render_block_union(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def render_floor_probe(doc: dict) -> str:
+    """``scripts/floor_probe.py``: the key-space router's routing with a floor under its budget
+    (``FocusConfig.min_keys``): per floor and register, distant attention dropped (the oracle's at the same kept
+    keys) and distant keys kept per query."""
+    splits = list(doc["splits"])
+    floors = list(dict.fromkeys(f for s in splits for f in doc["splits"][s]))
+    lines = [f"Command: `{doc['command']}`", "",
+             f"Adapter `{doc['adapter']}` (budget {doc['budget']:g}, union block {doc['union_block']}) at "
+             f"T = {doc['T']}, {doc['windows']} held-out window(s) per register; each query fills at least `min_keys` "
+             "of its distant keys (all when fewer). Cells: distant attention dropped (the oracle's at the same kept "
+             "keys) · distant keys kept per query.", "",
+             "| min_keys | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+    for f in floors:
+        cells = []
+        for s in splits:
+            r = doc["splits"][s].get(f)
+            cells.append("—" if r is None else f"{100 * r['dropped_distant']:.1f}% "
+                         f"({100 * r['oracle_dropped_distant']:.1f}%) · {r['keys_per_query']:.0f}")
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_key_clusters(doc: dict) -> str:
     """``scripts/key_clusters_probe.py``: ClusterKV-style selection in each layer's own key space (centroids fitted
     per sequence, or once on training text) at the served top-1 mask's budget per query, beside that mask and the
