@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: bench-ship key-groups registers ship-means ship-union setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: bench-ship key-groups registers ship-means ship-union ship-floor setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -698,7 +698,8 @@ bench-ship: $(STAMP)
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_SHIP) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_ship
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_MEANS) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_means
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
-	for n in k8 g2 g2_w512 keys256_ship keys256_means keys256_union; do for x in json png; do \
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_floor
+	for n in k8 g2 g2_w512 keys256_ship keys256_means keys256_union keys256_floor; do for x in json png; do \
 		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
 	$(MAKE) results
 
@@ -762,6 +763,47 @@ ship-union: $(STAMP)
 	$(VENV)/bin/focusattn ship-adapter $(KEYS_MEANS) --name $(KEYS_UNION) --budget 0.04 --union-block 64 \
 		--long-eval docs/results/long_eval_keys256_union_ship.json docs/results/long_eval_keys256_union_ship_8k.json \
 		--model-bench docs/results/model_bench_keys256_union_amx_$(DAY).json
+	$(MAKE) results
+
+# A floor under the budget (FocusConfig.min_keys; issue 22): keys256-union with at least 128 distant keys a query (a
+# 4% share is a group or two at 2048). Long-evals by name (2048/4096 and 8192 with the oracle, Python source at 2048
+# and 8192), the same floor at a 3% share at 8192, then floor and union benched in one quiet session (~65 min on two
+# cores, the benches ~12 min alone).
+KEYS_FLOOR := smollm2-135m-focus-keys256-floor
+FLOOR_RUN ?= $(RUNS)/floor
+ship-floor: $(STAMP)
+	mkdir -p $(FLOOR_RUN) $(RUNS)/mink
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_UNION) --name $(KEYS_FLOOR) --min-keys 128
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(FLOOR_RUN)/le_floor_8k > $(FLOOR_RUN)/le_floor_8k.log 2>&1 & \
+	( $(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --budget 0.03 --min-keys 128 --lengths 8192 \
+		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
+		--threads 1 --baselines '' --variants original,top1 --out $(RUNS)/mink/le_b03m128_8k \
+		> $(RUNS)/mink/le_b03m128_8k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --baselines oracle \
+		--variants original,top1,oracle@top1 --out $(FLOOR_RUN)/le_floor_2k > $(FLOOR_RUN)/le_floor_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines oracle --variants original,top1,oracle@top1 \
+		--out $(FLOOR_RUN)/le_floor_code_2k > $(FLOOR_RUN)/le_floor_code_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
+		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --data shakespeare \
+		--ood-data python-code --baselines '' --variants original,top1 \
+		--out $(FLOOR_RUN)/le_floor_code_8k > $(FLOOR_RUN)/le_floor_code_8k.log 2>&1 ) & wait
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_floor
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
+	for n in keys256_floor keys256_union; do for x in json png; do \
+		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
+	cp $(FLOOR_RUN)/le_floor_2k/long_eval.json docs/results/long_eval_keys256_floor_ship.json
+	cp $(FLOOR_RUN)/le_floor_8k/long_eval.json docs/results/long_eval_keys256_floor_ship_8k.json
+	cp $(FLOOR_RUN)/le_floor_code_2k/long_eval.json docs/results/register_eval_keys256_floor_code.json
+	cp $(FLOOR_RUN)/le_floor_code_8k/long_eval.json docs/results/register_eval_keys256_floor_code_8k.json
+	cp $(RUNS)/mink/le_b03m128_8k/long_eval.json docs/results/long_eval_keys256_union_b03_min128_8k.json
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_UNION) --name $(KEYS_FLOOR) --min-keys 128 \
+		--long-eval docs/results/long_eval_keys256_floor_ship.json docs/results/long_eval_keys256_floor_ship_8k.json \
+		--model-bench docs/results/model_bench_keys256_floor_amx_$(DAY).json
 	$(MAKE) results
 
 # Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep

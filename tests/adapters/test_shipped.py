@@ -131,6 +131,24 @@ def test_the_union_adapter_is_keys256_means_with_block_unions_and_measured_by_na
     assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-union" in card
 
 
+def test_the_floor_adapter_is_keys256_union_with_a_floor_and_measured_by_name():
+    """keys256-union's centroids and settings with at least 128 distant keys a query (``min_keys``), the card's
+    measured rows from runs of this very name."""
+    from focusattn.focus.config import FocusConfig
+    from focusattn.hf.io import read_adapter_config
+
+    src, floor = adapters.HERE / "smollm2-135m-focus-keys256-union", adapters.HERE / "smollm2-135m-focus-keys256-floor"
+    a, b = read_adapter_config(src), read_adapter_config(floor)
+    fc = FocusConfig.from_dict
+    assert fc(b["focus_config"]) == fc({**a["focus_config"], "min_keys": 128})
+    assert b["weights_sha256"] == a["weights_sha256"]
+    card = (floor / "README.md").read_text()
+    assert ("focusattn ship-adapter smollm2-135m-focus-keys256-union --name smollm2-135m-focus-keys256-floor "
+            "--min-keys 128") in card
+    assert "focusattn long-eval --adapter smollm2-135m-focus-keys256-floor" in card
+    assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-floor" in card
+
+
 @pytest.mark.parametrize("data", ["shakespeare", "lee-news"])
 @pytest.mark.parametrize("name", KEYS)
 def test_key_space_queries_keep_their_budget_on_held_out_text(name, data):
@@ -147,7 +165,9 @@ def test_key_space_queries_keep_their_budget_on_held_out_text(name, data):
             distant = (pos < i - cfg.window) & (pos >= cfg.sink_tokens)
             kept = int((r.query_membership[0, i][ids] & distant).sum())
             biggest = int(torch.bincount(ids[distant], minlength=cfg.num_groups).max())
+            n = int(distant.sum())
+            want = max(cfg.budget * n, min(cfg.min_keys, n))  # the share, at least the floor (min_keys)
             if cfg.union_block:  # its own budget, then the groups its block joined: at least the budget
-                assert kept >= cfg.budget * int(distant.sum()) - biggest
+                assert kept >= want - biggest
             else:
-                assert abs(kept - cfg.budget * int(distant.sum())) <= biggest
+                assert abs(kept - want) <= biggest
