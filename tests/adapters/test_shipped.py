@@ -113,40 +113,32 @@ def test_the_means_adapter_is_keys256_served_with_means_and_measured_by_name():
     assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-means" in card
 
 
-def test_the_union_adapter_is_keys256_means_with_block_unions_and_measured_by_name():
-    """keys256-means' centroids at a 4% budget, each query also keeping its block's groups (``union_block``), the
-    card's measured rows from runs of this very name."""
+def _derived_and_measured_by_name(source: str, name: str, changes: dict, flags: str) -> None:
+    """``name`` ships ``source``'s centroids (same weights) with the config ``changes``, and its card gives the ship
+    command and measured rows from runs of this very name (what a user loads)."""
     from focusattn.focus.config import FocusConfig
     from focusattn.hf.io import read_adapter_config
 
-    src, union = adapters.HERE / "smollm2-135m-focus-keys256-means", adapters.HERE / "smollm2-135m-focus-keys256-union"
-    a, b = read_adapter_config(src), read_adapter_config(union)
+    a, b = read_adapter_config(adapters.HERE / source), read_adapter_config(adapters.HERE / name)
     fc = FocusConfig.from_dict
-    assert fc(b["focus_config"]) == fc({**a["focus_config"], "budget": 0.04, "union_block": 64})
+    assert fc(b["focus_config"]) == fc({**a["focus_config"], **changes})
     assert b["weights_sha256"] == a["weights_sha256"]
-    card = (union / "README.md").read_text()
-    assert ("focusattn ship-adapter smollm2-135m-focus-keys256-means --name smollm2-135m-focus-keys256-union "
-            "--budget 0.04 --union-block 64") in card
-    assert "focusattn long-eval --adapter smollm2-135m-focus-keys256-union" in card
-    assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-union" in card
+    card = (adapters.HERE / name / "README.md").read_text()
+    assert f"focusattn ship-adapter {source} --name {name} {flags}" in card
+    assert f"focusattn long-eval --adapter {name}" in card
+    assert f"focusattn bench-model --adapter {name}" in card
+
+
+def test_the_union_adapter_is_keys256_means_with_block_unions_and_measured_by_name():
+    """keys256-means' centroids at a 4% budget, each query also keeping its block's groups (``union_block``)."""
+    _derived_and_measured_by_name("smollm2-135m-focus-keys256-means", "smollm2-135m-focus-keys256-union",
+                                  {"budget": 0.04, "union_block": 64}, "--budget 0.04 --union-block 64")
 
 
 def test_the_floor_adapter_is_keys256_union_with_a_floor_and_measured_by_name():
-    """keys256-union's centroids and settings with at least 128 distant keys a query (``min_keys``), the card's
-    measured rows from runs of this very name."""
-    from focusattn.focus.config import FocusConfig
-    from focusattn.hf.io import read_adapter_config
-
-    src, floor = adapters.HERE / "smollm2-135m-focus-keys256-union", adapters.HERE / "smollm2-135m-focus-keys256-floor"
-    a, b = read_adapter_config(src), read_adapter_config(floor)
-    fc = FocusConfig.from_dict
-    assert fc(b["focus_config"]) == fc({**a["focus_config"], "min_keys": 128})
-    assert b["weights_sha256"] == a["weights_sha256"]
-    card = (floor / "README.md").read_text()
-    assert ("focusattn ship-adapter smollm2-135m-focus-keys256-union --name smollm2-135m-focus-keys256-floor "
-            "--min-keys 128") in card
-    assert "focusattn long-eval --adapter smollm2-135m-focus-keys256-floor" in card
-    assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-floor" in card
+    """keys256-union's centroids and settings with at least 128 distant keys a query (``min_keys``)."""
+    _derived_and_measured_by_name("smollm2-135m-focus-keys256-union", "smollm2-135m-focus-keys256-floor",
+                                  {"min_keys": 128}, "--min-keys 128")
 
 
 @pytest.mark.parametrize("data", ["shakespeare", "lee-news"])
