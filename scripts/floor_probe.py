@@ -2,8 +2,8 @@
 
 ``FocusConfig.min_keys = N``: each query fills at least ``N`` of its distant keys (all of them when it has fewer),
 beside the adapter's share (``budget``). A share is stingy early in a sequence: at 2048 tokens 4% is a group or two
-of 256. This probe serves the adapter's routing (means scores, block unions as configured) with floors ``--floors``
-and reports, per held-out corpus: distant attention dropped (head mean, dense heads as served), distant keys kept per
+of 256. This probe serves the adapter's own router (``KeyRouter``) with each floor of ``--floors`` and reports, per
+held-out corpus: distant attention dropped (head mean, dense heads as served), distant keys kept per
 query, and the oracle's drop at the same per-query keys.
 
     python scripts/floor_probe.py --length 2048 --windows 1 --floors 0 64 128 256 --out runs/floor_2k.json
@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from block_union_probe import block_prefix_union, previous_union  # noqa: E402
 
 
 def main() -> None:
@@ -43,12 +40,11 @@ def main() -> None:
     from focusattn.hf.pair import load_pair
     from focusattn.hf.probe import capture
     from focusattn.kernels import recall as R
-    from focusattn.kernels.recall import fill_budget
 
     pair = load_pair(a.model, a.adapter, lengths=(a.length,), top_ks=(1,), threads=a.threads)
     focus, cfg = pair.focus, pair.cfg
-    if cfg.router_input != "keys" or cfg.key_scores != "means":
-        raise SystemExit(f"--adapter {a.adapter}: a key-space adapter scoring groups by means")
+    if cfg.router_input != "keys":
+        raise SystemExit(f"--adapter {a.adapter}: a key-space adapter (router_input='keys')")
     own = routers(focus)
     result = {"command": "python scripts/floor_probe.py " + " ".join(sys.argv[1:]), "adapter": a.adapter,
               "T": a.length, "windows": a.windows, "budget": cfg.budget, "union_block": cfg.union_block,
@@ -59,24 +55,15 @@ def main() -> None:
 
         def per_layer(layer, module, h, q, k, scale, softcap):
             r = own[layer]
-            gid = r.clusters(h[..., :r.width])[0]  # [T]
-            t = gid.shape[0]
-            pos = torch.arange(t)
-            countable = pos >= cfg.sink_tokens
-            onehot = F.one_hot(gid, cfg.num_groups).to(torch.int32) * countable[:, None].to(torch.int32)
-            prefix = torch.cat([torch.zeros(1, cfg.num_groups, dtype=torch.int32), onehot.cumsum(0)], 0)
-            counts = prefix[(pos - cfg.window).clamp_min(0)]  # [T, K] distant keys per group
-            total = counts.sum(-1).long()
-            scores = r._mean_scores(h, gid[None], countable[None], 0, None, None)[0]
             masks = {}
-            for floor in a.floors:
-                want = torch.maximum(torch.round(cfg.budget * total.double()).long(), total.clamp_max(floor))
-                qm = fill_budget(counts, scores, want) & (counts > 0)
-                qm |= F.one_hot(scores.argmax(-1), cfg.num_groups).to(torch.bool) & ~qm.any(-1, keepdim=True)
-                if cfg.union_block:
-                    qm = block_prefix_union(qm, cfg.union_block) | previous_union(qm, cfg.union_block)
-                masks[f"min{floor}"] = qm
-            kmem = F.one_hot(gid, cfg.num_groups).bool()[None]
+            try:  # the router itself, served with each floor: its groups, budget, fallback and block unions
+                for floor in a.floors:
+                    r.cfg = replace(cfg, min_keys=floor)
+                    routing = r(h)
+                    masks[f"min{floor}"] = routing.query_membership[0]
+            finally:
+                r.cfg = cfg
+            kmem = routing.membership.bool()
             keep = {n: R.shared_group_keep(m[None], kmem) for n, m in masks.items()}
             dense = dense_query_heads(cfg, layer, q.shape[1], k.shape[1])
             s = R.layer_recall(q, k, keep, window=cfg.window, sink=cfg.sink_tokens, oracle_of=tuple(keep),

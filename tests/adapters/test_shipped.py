@@ -113,32 +113,36 @@ def test_the_means_adapter_is_keys256_served_with_means_and_measured_by_name():
     assert "focusattn bench-model --adapter smollm2-135m-focus-keys256-means" in card
 
 
-def _derived_and_measured_by_name(source: str, name: str, changes: dict, flags: str) -> None:
-    """``name`` ships ``source``'s centroids (same weights) with the config ``changes``, and its card gives the ship
-    command and measured rows from runs of this very name (what a user loads)."""
+def _derived(source: str, name: str, changes: dict, flags: str):
+    """``(expected config, shipped config, same weights, card lines missing)`` of ``name``, shipped from
+    ``source``'s centroids with the config ``changes``: its card must give the ship command and measured rows from
+    runs of this very name (what a user loads)."""
     from focusattn.focus.config import FocusConfig
     from focusattn.hf.io import read_adapter_config
 
     a, b = read_adapter_config(adapters.HERE / source), read_adapter_config(adapters.HERE / name)
-    fc = FocusConfig.from_dict
-    assert fc(b["focus_config"]) == fc({**a["focus_config"], **changes})
-    assert b["weights_sha256"] == a["weights_sha256"]
+    fc = FocusConfig.from_dict  # older configs lack the newer fields: compare with their defaults filled in
     card = (adapters.HERE / name / "README.md").read_text()
-    assert f"focusattn ship-adapter {source} --name {name} {flags}" in card
-    assert f"focusattn long-eval --adapter {name}" in card
-    assert f"focusattn bench-model --adapter {name}" in card
+    lines = [f"focusattn ship-adapter {source} --name {name} {flags}", f"focusattn long-eval --adapter {name}",
+             f"focusattn bench-model --adapter {name}"]
+    return (fc({**a["focus_config"], **changes}), fc(b["focus_config"]), a["weights_sha256"] == b["weights_sha256"],
+            [x for x in lines if x not in card])
 
 
 def test_the_union_adapter_is_keys256_means_with_block_unions_and_measured_by_name():
     """keys256-means' centroids at a 4% budget, each query also keeping its block's groups (``union_block``)."""
-    _derived_and_measured_by_name("smollm2-135m-focus-keys256-means", "smollm2-135m-focus-keys256-union",
-                                  {"budget": 0.04, "union_block": 64}, "--budget 0.04 --union-block 64")
+    want, got, same_weights, missing = _derived("smollm2-135m-focus-keys256-means", "smollm2-135m-focus-keys256-union",
+                                                {"budget": 0.04, "union_block": 64}, "--budget 0.04 --union-block 64")
+    assert got == want and same_weights
+    assert missing == []
 
 
 def test_the_floor_adapter_is_keys256_union_with_a_floor_and_measured_by_name():
     """keys256-union's centroids and settings with at least 128 distant keys a query (``min_keys``)."""
-    _derived_and_measured_by_name("smollm2-135m-focus-keys256-union", "smollm2-135m-focus-keys256-floor",
-                                  {"min_keys": 128}, "--min-keys 128")
+    want, got, same_weights, missing = _derived("smollm2-135m-focus-keys256-union", "smollm2-135m-focus-keys256-floor",
+                                                {"min_keys": 128}, "--min-keys 128")
+    assert got == want and same_weights
+    assert missing == []
 
 
 @pytest.mark.parametrize("data", ["shakespeare", "lee-news"])
