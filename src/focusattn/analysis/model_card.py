@@ -190,6 +190,18 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     return _finish(tmp, out, lines, le, mb)
 
 
+def _serve_changes(budget, key_scores, union_block, min_keys) -> dict:
+    """The key-space serving fields a ship command sets (None: the source's), in the order the flags are printed."""
+    return {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores),
+                              ("union_block", union_block), ("min_keys", min_keys)) if v is not None}
+
+
+def _serve_flags(changes: dict) -> str:
+    """``changes`` as the ``ship-adapter`` flags that set them (``--budget 0.04 --union-block 64``)."""
+    return " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+                    for k, v in changes.items())
+
+
 def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_scores: str | None = None,
                      union_block: int | None = None, min_keys: int | None = None, long_eval=None, model_bench=None,
                      dest: Path | None = None) -> Path:
@@ -207,8 +219,7 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
     acfg = json.loads((run / "adapter" / CONFIG).read_text())
-    changes = {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores),
-                                 ("union_block", union_block), ("min_keys", min_keys)) if v is not None}
+    changes = _serve_changes(budget, key_scores, union_block, min_keys)
     if changes:  # validated before anything is written
         acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()
     fc = acfg["focus_config"]
@@ -242,11 +253,7 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
              "CPU core" + (f"; the largest cluster held {share:.0%} of a layer's keys" if share is not None else "")
              + "."]
     if changes:
-        flags = (f" --budget {float(budget):g}" if budget is not None else "") + (
-            f" --key-scores {key_scores}" if key_scores is not None else "") + (
-            f" --union-block {union_block}" if union_block is not None else "") + (
-            f" --min-keys {min_keys}" if min_keys is not None else "")
-        lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name}{flags}` "
+        lines += ["", f"Shipped by: `focusattn ship-adapter {run_dir} --name {name} {_serve_flags(changes)}` "
                   f"(fitted with budget {summary['focus_config']['budget']:g}; the centroids do not depend on it)."]
     return _finish(tmp, out, lines, le, mb)
 
@@ -275,8 +282,7 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
     if acfg["focus_config"].get("router_input") != "keys":
         raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores/"
                          "--union-block/--min-keys")
-    changes = {k: v for k, v in (("budget", budget), ("key_scores", key_scores), ("union_block", union_block),
-                                 ("min_keys", min_keys)) if v is not None}
+    changes = _serve_changes(budget, key_scores, union_block, min_keys)
     acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()  # validated first
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
@@ -291,8 +297,6 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
     fc = acfg["focus_config"]
     what = {"means": "the running mean of the group's own keys before the query's window (the fitted centroid "
                      "counted as one more key)", "centroids": "its fitted centroid"}[fc["key_scores"]]
-    flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
-                     for k, v in changes.items())
     lines = [f"# {name}", "",
              f"The centroids of `{source}` (same tensors; how they were fitted: its model card), served with "
              f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
@@ -306,7 +310,8 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              + (f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
              + ".", "",
              *_usage_and_command(acfg["base_model"], f'fa.load_adapter(model, "{name}")',
-                                 f"focusattn ship-adapter {source} --name {name} {flags}", long_eval, model_bench)]
+                                 f"focusattn ship-adapter {source} --name {name} {_serve_flags(changes)}",
+                                 long_eval, model_bench)]
     return _finish(tmp, out, lines, le, mb)
 
 
