@@ -703,6 +703,18 @@ bench-ship: $(STAMP)
 		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
 	$(MAKE) results
 
+# Flags of the shipped names' long-evals (ship-union, ship-floor): 2048/4096 and 8192 on the default registers,
+# Python source as the other register, with the oracle at the adapter's budget or without baselines.
+LE_SHIP_2K := --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 2 \
+	--repeat-n 2 --no-soft --top-k 1 --threads 1
+LE_SHIP_8K := --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 \
+	--repeat-n 1 --no-soft --top-k 1 --threads 1
+LE_CODE_2K := --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 --recall-windows 1 --passkey-per-depth 2 --repeat-n 2 \
+	--no-soft --top-k 1 --threads 1 --data shakespeare --ood-data python-code
+LE_CODE_8K := $(LE_SHIP_8K) --data shakespeare --ood-data python-code
+WITH_ORACLE := --baselines oracle --variants original,top1,oracle@top1
+NO_BASE := --baselines '' --variants original,top1
+
 # Queries keep their block's groups (FocusConfig.union_block; issue 22): keys256-means' centroids at a 4% budget,
 # each query also keeping the groups its 64-token block's earlier queries and the block before joined, which the
 # keyed engine computes anyway. The block-union probe at 2048 (~5 min), the shipped name's long-eval on news and on
@@ -715,37 +727,23 @@ ship-union: $(STAMP)
 	$(VENV)/bin/python scripts/block_union_probe.py --length 2048 --windows 1 --budgets 0.03 0.05 0.07 \
 		--out docs/results/block_union_2k.json
 	$(VENV)/bin/focusattn ship-adapter $(KEYS_MEANS) --name $(KEYS_UNION) --budget 0.04 --union-block 64
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 \
-		--recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(SHIP_RUN)/le_union_2k > $(SHIP_RUN)/le_union_2k.log 2>&1 && \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
-		--ood-data python-code --baselines oracle --variants original,top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) $(LE_SHIP_2K) $(WITH_ORACLE) \
+		--out $(SHIP_RUN)/le_union_2k > $(SHIP_RUN)/le_union_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) $(LE_CODE_2K) $(WITH_ORACLE) \
 		--out $(UNION_RUN)/le_union_code_2k > $(UNION_RUN)/le_union_code_2k.log 2>&1 & \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(SHIP_RUN)/le_union_8k > $(SHIP_RUN)/le_union_8k.log 2>&1 && \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --data shakespeare \
-		--ood-data python-code --baselines '' --variants original,top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) $(LE_SHIP_8K) $(WITH_ORACLE) \
+		--out $(SHIP_RUN)/le_union_8k > $(SHIP_RUN)/le_union_8k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) $(LE_CODE_8K) $(NO_BASE) \
 		--out $(UNION_RUN)/le_union_code_8k > $(UNION_RUN)/le_union_code_8k.log 2>&1 & wait
 	for b in 03 05; do $(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.$$b --union-block 64 \
-		--lengths 2048 --ppl-max-len 2048 --ppl-windows 2 --recall-windows 1 --passkey-per-depth 2 --repeat-n 2 \
-		--no-soft --top-k 1 --threads 1 --data shakespeare --ood-data python-code --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(UNION_RUN)/le_u$${b}_code_2k > $(UNION_RUN)/le_u$$b.log 2>&1 && \
+		$(LE_CODE_2K) $(WITH_ORACLE) --out $(UNION_RUN)/le_u$${b}_code_2k > $(UNION_RUN)/le_u$$b.log 2>&1 && \
 		cp $(UNION_RUN)/le_u$${b}_code_2k/long_eval.json \
 		docs/results/register_eval_keys256_means_union_b$${b}_code.json; done & \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 8192 \
-		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
-		--threads 1 --baselines '' --variants original,top1 --out $(UNION_RUN)/le_u05_8k \
-		> $(UNION_RUN)/le_u05_8k.log 2>&1 & wait
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 2048 4096 \
-		--ppl-max-len 2048 --ppl-windows 2 --recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 \
-		--threads 1 --baselines oracle --variants original,top1,oracle@top1 --out $(UNION_RUN)/le_u05_2k \
-		> $(UNION_RUN)/le_u05_2k.log 2>&1 & \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 --lengths 8192 \
-		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
-		--threads 1 --data shakespeare --ood-data python-code --baselines '' --variants original,top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 $(LE_SHIP_8K) $(NO_BASE) \
+		--out $(UNION_RUN)/le_u05_8k > $(UNION_RUN)/le_u05_8k.log 2>&1 & wait
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 $(LE_SHIP_2K) \
+		$(WITH_ORACLE) --out $(UNION_RUN)/le_u05_2k > $(UNION_RUN)/le_u05_2k.log 2>&1 & \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_MEANS) --budget 0.05 --union-block 64 $(LE_CODE_8K) $(NO_BASE) \
 		--out $(UNION_RUN)/le_u05_code_8k > $(UNION_RUN)/le_u05_code_8k.log 2>&1 & wait
 	cp $(UNION_RUN)/le_u05_8k/long_eval.json docs/results/long_eval_keys256_means_union_b05_8k.json
 	cp $(UNION_RUN)/le_u05_2k/long_eval.json docs/results/long_eval_keys256_means_union_b05.json
@@ -774,23 +772,16 @@ FLOOR_RUN ?= $(RUNS)/floor
 ship-floor: $(STAMP)
 	mkdir -p $(FLOOR_RUN) $(RUNS)/mink
 	$(VENV)/bin/focusattn ship-adapter $(KEYS_UNION) --name $(KEYS_FLOOR) --min-keys 128
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(FLOOR_RUN)/le_floor_8k > $(FLOOR_RUN)/le_floor_8k.log 2>&1 & \
-	( $(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --budget 0.03 --min-keys 128 --lengths 8192 \
-		--ppl-max-len 8192 --ppl-windows 1 --recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 \
-		--threads 1 --baselines '' --variants original,top1 --out $(RUNS)/mink/le_b03m128_8k \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) $(LE_SHIP_8K) $(WITH_ORACLE) \
+		--out $(FLOOR_RUN)/le_floor_8k > $(FLOOR_RUN)/le_floor_8k.log 2>&1 & \
+	( $(VENV)/bin/focusattn long-eval --adapter $(KEYS_UNION) --budget 0.03 --min-keys 128 $(LE_SHIP_8K) $(NO_BASE) \
+		--out $(RUNS)/mink/le_b03m128_8k \
 		> $(RUNS)/mink/le_b03m128_8k.log 2>&1 && \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 \
-		--recall-windows 2 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --baselines oracle \
-		--variants original,top1,oracle@top1 --out $(FLOOR_RUN)/le_floor_2k > $(FLOOR_RUN)/le_floor_2k.log 2>&1 && \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 2048 --ppl-max-len 2048 --ppl-windows 2 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 2 --no-soft --top-k 1 --threads 1 --data shakespeare \
-		--ood-data python-code --baselines oracle --variants original,top1,oracle@top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) $(LE_SHIP_2K) $(WITH_ORACLE) \
+		--out $(FLOOR_RUN)/le_floor_2k > $(FLOOR_RUN)/le_floor_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) $(LE_CODE_2K) $(WITH_ORACLE) \
 		--out $(FLOOR_RUN)/le_floor_code_2k > $(FLOOR_RUN)/le_floor_code_2k.log 2>&1 && \
-	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 \
-		--recall-windows 1 --passkey-per-depth 2 --repeat-n 1 --no-soft --top-k 1 --threads 1 --data shakespeare \
-		--ood-data python-code --baselines '' --variants original,top1 \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) $(LE_CODE_8K) $(NO_BASE) \
 		--out $(FLOOR_RUN)/le_floor_code_8k > $(FLOOR_RUN)/le_floor_code_8k.log 2>&1 ) & wait
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_floor
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_UNION) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_union
