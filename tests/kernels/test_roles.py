@@ -211,9 +211,11 @@ def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g,
                                                                 padded, sink, softcap, chunk, block):
     """Key top-1 with queries in many groups (the key-space router's form), no gradient: the batched engine
     (decomposed.keyed: A and B in blocks of queries; ``chunk`` forces many small batches, ``block`` the query block
-    size, 1 query to 512) equals the dense reference, LSE included."""
+    size, 1 query to 512) equals the dense reference, LSE included. Without padding the sinks are folded into the
+    engine's calls (no separate sink pass), with padding merged after it."""
     from unittest import mock
 
+    from focusattn.kernels import api
     from focusattn.kernels.decomposed import keyed
 
     q, k, v, km, qm, kpm = _case(seed, b, hkv * g, hkv, tk, tk, k_groups, 1, padded=padded,
@@ -222,10 +224,26 @@ def test_keys_in_one_group_batched_engine_matches_the_reference(seed, b, hkv, g,
     want = dense_focus_attention(q, k, v, km, window, **kw)
     with mock.patch.object(keyed, "CHUNK_SCORES", chunk or keyed.CHUNK_SCORES), \
             mock.patch.object(keyed, "QUERY_BLOCK", block), \
-            mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy:
+            mock.patch.object(keyed, "forward", wraps=keyed.forward) as spy, \
+            mock.patch.object(api, "sink_partial", wraps=api.sink_partial) as sinks:
         got = focus_attention(q, k, v, km, window, backend="decomposed", **kw)
     _check(got, want, "keyed", atol=5e-5)
     assert spy.called
+    assert sinks.called == (sink > 0 and padded)  # folded in without padding
+
+
+def test_sinks_fold_only_into_the_keyed_engine():
+    """``decomposed_focus_attention(sink=N)`` is the keyed engine's: with padding or a gradient (the per-group
+    path) it is a one-line error naming ``sink``."""
+    q, k, v, km, qm, kpm = _case(3, 1, 4, 2, 30, 30, 5, 1, padded=True, query_top_k=2, inside=False)
+    with pytest.raises(ValueError, match="sink=1"):
+        decomposed_focus_attention(q, k, v, km, 4, key_padding_mask=kpm, query_membership=qm, sink=1)
+    with pytest.raises(ValueError, match="sink=1"):
+        decomposed_focus_attention(q.requires_grad_(), k, v, km, 4, query_membership=qm, sink=1)
+    q = q.detach()
+    with torch.no_grad():
+        out = decomposed_focus_attention(q, k, v, km, 4, query_membership=qm, sink=1)
+    assert_close(out, dense_focus_attention(q, k, v, km, 4, sink=1, query_membership=qm), atol=2e-5, name="fold")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

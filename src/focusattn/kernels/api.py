@@ -44,7 +44,7 @@ from .backends import check_backend
 from .common import default_scale, has_sinks, sink_key_mask
 from .decode import focus_decode_attention, gather_branch
 from .dispatch import PICKS, choose, dense_branch
-from .decomposed import decomposed_focus_attention
+from .decomposed import decomposed_focus_attention, keyed
 from .flex import flex_focus_attention
 from .flex_sorted import sorted_flex_focus_attention
 from .lse import acc, acc_dtype, merge_pair, merge_signed_
@@ -110,8 +110,13 @@ def focus_attention(q, k, v, membership, window, *, sink=0, scale=None, softcap=
                                           query_membership=query_membership, **kw)
         return (out, lse) if return_lse else out
     else:
+        folded = keyed.folds_sinks(sink, membership, query_membership, key_padding_mask,  # the driver's test
+                                   any(t.requires_grad for t in (q, k, v)))
         out, lse = decomposed_focus_attention(q, k, v, membership, window, return_lse=True, validate=False,
-                                              query_membership=query_membership, **kw)
+                                              query_membership=query_membership, sink=sink if folded else 0, **kw)
+        if folded:  # the engine's own calls took the sinks in: nothing to merge
+            out = out.to(q.dtype)
+            return (out, lse) if return_lse else out
     if has_sinks(sink):
         sinks = sink_key_mask(k.shape[2], sink, key_padding_mask, q.device)
         if not needs_grad and out.dtype == lse.dtype == acc_dtype(q.dtype):

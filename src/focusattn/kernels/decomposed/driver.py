@@ -159,10 +159,14 @@ def _packed_varlen(p: Problem, plans, varlen_fn) -> Varlen | None:
 
 class _DecomposedFocus(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition, qmembership):
-        p = Problem(q, k, v, membership, kpm, window, scale, softcap, qmembership)
+    def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition, qmembership,
+                sink=0):
+        p = Problem(q, k, v, membership, kpm, window, scale, softcap, qmembership, sink)
         if keyed.applies(p, any(ctx.needs_input_grad[:3])):  # no plans: the batched engine, forward only
             plans = varlen = pk = None
+        elif sink:
+            raise ValueError(f"sink={sink}: only the keyed engine folds sinks in (no gradient, key top-1 with query "
+                             "roles, no padding); allowed sink=0 here (focus_attention merges them)")
         else:
             plans = plan_groups(membership, kpm, decomposition, qmembership)
             varlen = _packed_varlen(p, plans, varlen_fn)
@@ -203,12 +207,13 @@ class _DecomposedFocus(torch.autograd.Function):
             band.backward(p, g)
         if has_empty:  # such a row has no gradient; its dq from the fused op can be NaN (P is 0 anyway)
             g.dq.masked_fill_(empty[..., None], 0.0)
-        return g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None, None
+        return (g.dq.to(q.dtype), g.dk.to(k.dtype), g.dv.to(v.dtype), None, None, None, None, None, None, None, None,
+                None)
 
 
 def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softcap=None, key_padding_mask=None,
                                return_lse=False, varlen_fn="auto", decomposition="auto", validate=True,
-                               query_membership=None):
+                               query_membership=None, sink: int = 0):
     """Exact Focus attention for ``Tq == Tk`` without any ``[T, T]`` tensor. ``validate=False`` skips the input
     checks of :mod:`..validation` (``focus_attention`` has done them).
 
@@ -220,7 +225,9 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
     once: ``"ie"`` (inclusion–exclusion, unmasked parts), ``"lowest"`` (lowest shared group, masked parts),
     ``"auto"`` = ie when no token has more than ``plan.IE_MAX_SET`` groups (see the module docstring).
     ``query_membership`` ``[B, T, K]``: query and key roles (``membership`` the keys' groups; see the module
-    docstring); ``decomposition`` then does not apply.
+    docstring); ``decomposition`` then does not apply. ``sink``: the first ``sink`` keys are every query's too,
+    folded into the keyed engine's calls; only where that engine serves the call without padding
+    (:func:`.keyed.folds_sinks`), else a ValueError (:func:`..api.focus_attention` merges sinks elsewhere).
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
@@ -233,6 +240,9 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
                                       key_padding_mask=key_padding_mask)
         return (out, lse) if return_lse else out
     scale = default_scale(q.shape[-1], scale)
+    if sink and key_padding_mask is not None:
+        raise ValueError(f"sink={sink} with a key padding mask: allowed sink=0 (focus_attention merges the sinks of "
+                         "padded rows)")
     out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
-                                      decomposition, query_membership)
+                                      decomposition, query_membership, int(sink))
     return (out, lse) if return_lse else out

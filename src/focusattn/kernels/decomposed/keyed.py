@@ -5,9 +5,11 @@ queries can see.
 The sub-problem is a block of ``QUERY_BLOCK`` consecutive queries. Its keys are the window band (positions
 ``lim .. end`` with ``lim = start - w``: every local key of the block, and the keys there that share a group) and,
 before ``lim``, the keys of every group at least one of its queries joined (the union of the block's query groups).
-The mask is exactly the reference's (:func:`..reference.focus_allowed` without the sinks): ``j <= i`` and
-(``i - j <= w`` or ``Q_i`` holds ``j``'s group), and a padded key is allowed nowhere. So one call gives each query
-its whole normalised output and LSE over A and B; nothing is merged but the sinks (:mod:`..api`).
+The mask is exactly the reference's (:func:`..reference.focus_allowed`): ``j <= i`` and (``i - j <= w`` or
+``Q_i`` holds ``j``'s group), and a padded key is allowed nowhere. So one call gives each query its whole
+normalised output and LSE over A and B. Without padding the first ``Problem.sink`` keys (attention sinks) are folded
+in as well: they hold no group here, the band keeps them local, and each block's last columns keep them distant, so
+nothing is left to merge (:mod:`..api` merged the sinks in a separate pass: ~2% of a prefill at 8192).
 
 Why blocks and not groups: a query sits in several (tens of) groups, so a per-group formulation gathers, computes
 and merges each query row once per group, and at 8K tokens that traffic, not the pairs, was the cost. A block
@@ -39,8 +41,19 @@ QUERY_BLOCK = 64
 
 def applies(p: Problem, needs_grad: bool) -> bool:
     """Roles whose keys hold at most one group each, no gradient: this engine's case."""
-    return (not needs_grad and p.qmembership is not None and p.membership.shape[-1] > 1
-            and int(p.membership.sum(-1).max()) <= 1)
+    return serves(p.membership, p.qmembership, needs_grad)
+
+
+def serves(membership, qmembership, needs_grad: bool) -> bool:
+    """:func:`applies` from the call's arguments."""
+    return (not needs_grad and qmembership is not None and membership.shape[-1] > 1
+            and int(membership.sum(-1).max()) <= 1)
+
+
+def folds_sinks(sink, membership, qmembership, key_padding_mask, needs_grad: bool) -> bool:
+    """Whether this engine serves the call and takes ``sink`` (the first N keys, an int) into its own calls."""
+    return (isinstance(sink, int) and not isinstance(sink, bool) and sink > 0 and key_padding_mask is None
+            and serves(membership, qmembership, needs_grad))
 
 
 def forward(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +84,8 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
     nb = -(-t // bq)
     has = kmem.any(-1)
     gid = torch.where(has, kmem.to(torch.uint8).argmax(-1), -1)  # each key's group, -1 for none
+    n_sink = min(p.sink, t)
+    gid[:n_sink] = -1  # a folded sink is no group key: the band keeps it local, its own column distant
     qpad = torch.cat([qmem, qmem.new_zeros(nb * bq - t, kk)]) if nb * bq > t else qmem
     union = qpad.view(nb, bq, kk).any(1)  # [nb, K]: the groups some query of the block joined
     start = torch.arange(nb, device=dev) * bq
@@ -83,7 +98,7 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
     hist.view(-1).index_add_(0, cell, torch.ones_like(cell))
     before = hist[1:].cumsum(1)[:, :nb]  # [K, nb]: keys of g with a position < lim_b
     gcount = (union.t() * before).sum(0)
-    total = gcount + bandlen
+    total = gcount + bandlen + n_sink
     order = torch.argsort(total, stable=True)
     tot = total[order].tolist()
     kt = k.transpose(0, 1).reshape(t, hkv * d)  # token-major rows for index_select
@@ -110,7 +125,7 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
 def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandlen, rows, qpad, kt, vt, qt, dims,
            out, lse, dt) -> None:
     """One padded call over blocks ``blk``: keys ``[C, km]`` = each block's group keys, then its band, then the
-    padding slot ``t``."""
+    padding slot ``t``, then (folded sinks) the ``p.sink`` first positions."""
     hq, hkv, d, dv = dims
     dev = blk.device
     c = len(blk)
@@ -124,6 +139,9 @@ def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandle
     col = torch.arange(km, device=dev)
     band = (col[None] >= gc[:, None]) & (col[None] < (gc + bl)[:, None])
     kpos = torch.where(band, lm[:, None] + col[None] - gc[:, None], kpos)
+    n_sink = min(p.sink, t)
+    if n_sink:
+        kpos[:, km - n_sink:] = torch.arange(n_sink, device=dev)
     qpos = blk[:, None] * bq + rows[None]  # [C, bq] (past t: padding rows, dropped below)
     # The mask in columns, not distances: band column ``col`` holds position ``lim + col - gc``, so ``j <= i`` is
     # ``col <= hi`` and ``i - j <= w`` is ``col >= hi - w`` with ``hi = gc - lim + i``; group columns (``col < gc``)
@@ -136,6 +154,8 @@ def _chunk(p, blk, km, bq, t, union, gid, gid_ext, real_ext, lim, gcount, bandle
     if p.kpm is not None:
         local &= real_ext[kpos][:, None, :]  # a padded key holds no group (``gid_ext``), so only the band sees it
     allowed = (ingroup | local) & (colr <= hi)
+    if n_sink:  # a sink's own column: the queries it is distant to (the band's column allows the others)
+        allowed[:, :, km - n_sink:] = qpos[:, :, None] - torch.arange(n_sink, device=dev) > p.window
     kc = kpos.clamp_max(t - 1).reshape(-1)
     ks = kt.index_select(0, kc).view(c, km, hkv, d).transpose(1, 2)
     vs = vt.index_select(0, kc).view(c, km, hkv, dv).transpose(1, 2)

@@ -45,7 +45,8 @@ class Problem:
 
     ``q`` ``[B, Hq, T, D]``, ``k``/``v`` ``[B, Hkv, T, D]``, ``membership`` bool ``[B, T, K]``, ``kpm`` the key
     padding mask ``[B, T]`` or None, ``window`` w, ``scale``, ``softcap`` (None = none); ``qmembership``: with
-    query and key roles the queries' groups ``[B, T, K]`` (``membership`` is then the keys'), else None."""
+    query and key roles the queries' groups ``[B, T, K]`` (``membership`` is then the keys'), else None; ``sink``:
+    the first ``sink`` keys are every query's (attention sinks), set only where :mod:`.keyed` folds them in."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -56,6 +57,7 @@ class Problem:
     scale: float
     softcap: float | None
     qmembership: torch.Tensor | None = None
+    sink: int = 0
 
     @property
     def query_membership(self) -> torch.Tensor:
