@@ -30,8 +30,13 @@ from ..lse import acc_dtype
 from .fused import fused_fwd
 from .plan import Problem
 
-# Scores per batched call (floats): chunks of blocks are cut to stay under it (~64 MB of float32).
-CHUNK_SCORES = 1 << 24
+# Scores per batched call (floats): chunks of blocks are cut to stay under it. On the CPU a smaller chunk keeps its
+# gathered keys, values and mask near the core (~7 MB at 1 << 22 with SmolLM2's heads): measured on four captured
+# layers of keys256-floor at 8192 (one thread, another job on the other core, best of three alternated rounds)
+# 0.72 s at 1 << 22 and 0.70 s at 1 << 21 against 0.87 s at 1 << 24 and 0.75 s at 1 << 20. On CUDA fewer, larger
+# calls (CUDA_CHUNK_SCORES, ~64 MB of float32).
+CHUNK_SCORES = 1 << 22
+CUDA_CHUNK_SCORES = 1 << 24
 # A chunk's padded keys over its real ones at most (else the next block starts a new chunk).
 PAD_RATIO = 1.25
 # Queries per block. Measured at 8192 tokens (one thread): 64 beat 32 (a smaller union, but twice the calls and
@@ -108,12 +113,13 @@ def _one_row(p: Problem, bi: int, out: torch.Tensor, lse: torch.Tensor, dt) -> N
     gid_ext = torch.cat([torch.where(gid < 0, kk, gid), gid.new_full((1,), kk)])  # K: no group (padding slot t)
     qpad = torch.cat([qpad, qpad.new_zeros(len(qpad), 1)], 1)  # column K: the group no query holds
     rows = torch.arange(bq, device=dev)
+    cap = CHUNK_SCORES if dev.type == "cpu" else max(CHUNK_SCORES, CUDA_CHUNK_SCORES)
     c0 = 0
     while c0 < nb:  # blocks [c0, c1) of the order: padded to their largest key count
         c1, km, n_real = c0, 0, 0
         while c1 < nb:
             km2, real2 = max(km, tot[c1]), n_real + tot[c1]
-            if c1 > c0 and ((c1 - c0 + 1) * bq * km2 * hq > CHUNK_SCORES or (c1 - c0 + 1) * km2 > PAD_RATIO * real2):
+            if c1 > c0 and ((c1 - c0 + 1) * bq * km2 * hq > cap or (c1 - c0 + 1) * km2 > PAD_RATIO * real2):
                 break
             km, n_real, c1 = km2, real2, c1 + 1
         blk = order[c0:c1]
