@@ -206,16 +206,24 @@ def test_long_eval_of_a_lazy_adapter_on_the_real_model(tmp_path):
     assert abs(lazy["ppl_domain"] / orig["ppl_domain"] - 1) < 0.1
 
 
-def test_the_key_space_adapter_has_a_random_baseline_and_no_untrained_one(tmp_path, capsys):
-    """The shipped key-space adapter by name: its random baseline (random key groups, the same budget) keeps about
-    the pairs it keeps; an untrained baseline, which it has no use for (nothing is trained), is a one-line error."""
+@pytest.mark.parametrize("name", ["smollm2-135m-focus-keys256", "smollm2-135m-focus-keys256-floor"])
+def test_the_key_space_adapter_has_a_random_baseline_and_no_untrained_one(tmp_path, capsys, name):
+    """The shipped key-space adapters by name: their random baseline (random key groups, each query filled to the
+    router's own count) keeps about the distant keys per query the router keeps, as the recall pass measures them
+    (served as a random routing with the floor's block union it kept most of them); an untrained baseline, which a
+    key-space adapter has no use for (nothing is trained), is a one-line error."""
     out = tmp_path / "le"
-    argv = ["long-eval", "--adapter", "smollm2-135m-focus-keys256", "--lengths", "320", "--ppl-windows", "1",
-            "--top-k", "1", "--repeat-n", "1", "--threads", "2", "--no-soft", "--passkey-per-depth", "1"]
-    assert main(argv + ["--baselines", "random", "--out", str(out)]) == 0
-    rows = {r["variant"]: r for r in json.loads((out / "long_eval.json").read_text())["results"]}
+    argv = ["long-eval", "--adapter", name, "--lengths", "1024", "--ppl-windows", "1", "--top-k", "1",
+            "--repeat-n", "1", "--threads", "1", "--no-soft", "--passkey-per-depth", "1"]
+    assert main(argv + ["--baselines", "random", "--recall-windows", "1", "--out", str(out)]) == 0
+    doc = json.loads((out / "long_eval.json").read_text())
+    rows = {r["variant"]: r for r in doc["results"]}
     assert list(rows) == ["original", "top1", "random@top1"]
-    assert abs(rows["random@top1"]["budget_pairs_kept"] - rows["top1"]["budget_pairs_kept"]) < 0.05
+    masks = doc["recall"][0]["overall"]["masks"]
+    kept = masks["top1"]["keys_per_query"]
+    assert abs(masks["random@top1"]["keys_per_query"] / kept - 1) < 0.1
+    assert masks["random@top1"]["dropped_distant"] > masks["top1"]["dropped_distant"]  # chance, not the router
+    assert rows["random@top1"]["distant_dropped"]["domain"] == masks["random@top1"]["dropped_distant"]
     capsys.readouterr()
     assert main(argv + ["--baselines", "untrained", "--out", str(tmp_path / "u")]) != 0
     err = capsys.readouterr().err.strip().splitlines()

@@ -10,7 +10,8 @@ Variants (all on the same inputs):
 * ``duo@top{k}`` (with ``FocusConfig.dense_heads``): the same dense heads, the other heads window + first token
   (DuoAttention's retrieval and streaming heads), the window chosen for the same share of causal pairs;
 * ``random@top{k}``: random balanced groups per position + the adapter's window and sinks, same K and k (a
-  key-space adapter: each key a random group, each query random groups to the same budget);
+  key-space adapter: each key a random group, each query random groups until they hold as many of its distant keys
+  as ``top{k}`` keeps for it, :func:`..hf.probe.random_rule`, served by the dense reference);
 * ``untrained@top{k}``: a freshly initialised router (seed 0), same config, no training;
 * ``kmeans@top{k}``: k-means over each layer's own keys, each query taking the clusters it scores highest until
   they hold as many distant keys as ``top{k}`` keeps for it (ClusterKV's recipe,
@@ -111,7 +112,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
     from ..hf.compose import kv_heads
     from ..hf.baselines import restore, sliding_sink, window_for_budget
     from ..hf.pair import load_pair
-    from ..hf.probe import kmeans_rule, masked, oracle_rule
+    from ..hf.probe import kmeans_rule, masked, oracle_rule, random_rule
     from .recall import measure_recall
 
     bad = [b for b in baselines if b not in BASELINES]
@@ -141,7 +142,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
         check_length(val[split], lengths[-1], f"{name} validation split")
 
     others = {}
-    if "random" in baselines:
+    keyspace = cfg.router_input == "keys"  # its random baseline: a rule at the router's budget query by query
+    if "random" in baselines and not keyspace:
         others["random"] = compose(load_model(model)[0], dataclasses.replace(
             cfg, routing="random", rebalance=0, rebalance_warm=False, capacity=0.0, global_rate=0.0))
     if "untrained" in baselines:  # groups only: an untrained global-key scorer has no threshold to serve
@@ -165,8 +167,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                             lambda w=w: sliding_sink(base, w, cfg.sink_tokens, cfg.dense_heads)))
             for b, m in others.items():
                 out.append((f"{b}@top{k}", m, lambda m=m, k=k: set_top_k(m, k)))
-            for b, rule in (("kmeans", kmeans_rule), ("oracle", oracle_rule)):
-                if b in baselines:
+            for b, rule in (("random", random_rule), ("kmeans", kmeans_rule), ("oracle", oracle_rule)):
+                if b in baselines and (b != "random" or keyspace):
                     out.append((f"{b}@top{k}", focus, lambda rule=rule, k=k: masked(focus, rule(k))))
         return out
 
@@ -213,6 +215,7 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
                 rec = measure_recall(focus, eval_windows(val[split], t, recall_windows), top_ks=top_ks,
                                      others=others, sliding=sliding, kmeans="kmeans" in baselines,
                                      oracle="oracle" in baselines, duo=duo, desc=f"T={t} recall {split}",
+                                     random_groups="random" in baselines and keyspace,
                                      progress=progress)
                 recall_rows.append({"T": t, "split": split, **rec})
                 for name, m in rec["overall"]["masks"].items():

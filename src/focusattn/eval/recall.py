@@ -28,17 +28,18 @@ from ..kernels import recall as R
 def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | None = None,
                    sliding: dict[str, int] | None = None, kmeans: bool = True, oracle: bool = True,
                    desc: str = "recall", progress: bool = True, roles: tuple[int, ...] = (),
-                   duo: dict[str, int] | None = None) -> dict:
+                   duo: dict[str, int] | None = None, random_groups: bool = False) -> dict:
     """Recall of every mask on ``windows`` [N, T] (one prefill each) through composed model ``focus``.
 
     ``others``: name -> another composed model whose routers give ``<name>@top{k}``; ``sliding``: mask name ->
     window (distant keys within it kept); ``duo``: the same for windows on the routed heads beside the dense ones
     (``duo@top{k}``, DuoAttention-style); ``roles``: key top-ks served with query top-1 (``top1key{k}`` and its
-    oracle). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
+    oracle); ``random_groups``: ``random@top{k}`` as random groups at top-k's budget query by query
+    (:func:`..hf.probe.random_clusters`, a key-space adapter's random baseline). Returns ``{"layers": [per-layer summary], "overall": {...}}``; see
     :func:`..kernels.recall.summarize_recall` for the fields."""
     from ..focus.attend import dense_query_heads
     from ..hf import focus_config, routers
-    from ..hf.probe import capture
+    from ..hf.probe import capture, random_clusters
 
     cfg = focus_config(focus)
     if cfg.query_proj and set(top_ks) - {1}:  # before any forward
@@ -56,6 +57,10 @@ def measure_recall(focus, windows: np.ndarray, *, top_ks=(1, 2), others: dict | 
                 oracle_of.append(f"top{kk}")
             for n, rs in other.items():
                 masks[f"{n}@top{kk}"] = served_keep(rs[layer], h, kk)
+            if random_groups:  # at the same per-query budget as top-k
+                masks[f"random@top{kk}"] = R.cluster_budget_keep(
+                    *random_clusters(k.shape[0], k.shape[2], cfg.num_groups, k.device), masks[f"top{kk}"],
+                    window=cfg.window, sink=cfg.sink_tokens)
             if kmeans:  # at the same per-query budget as top-k
                 if clusters is None:
                     clusters = R.kmeans_key_clusters(q, k)

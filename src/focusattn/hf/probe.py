@@ -191,3 +191,33 @@ def kmeans_rule(top_k: int, centroids: dict[int, torch.Tensor] | None = None) ->
         return recall.cluster_budget_keep(cluster, scores, served, window=cfg.window, sink=cfg.sink_tokens)
 
     return rule
+
+
+def random_clusters(b: int, t: int, k_groups: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random groups for the random baseline of a key-space adapter: each key one of ``k_groups`` groups and each
+    query a ranking of them, from the key-space router's own random draws (:func:`..focus.router.position_draws`,
+    fixed per position). ``(cluster [B, T] long, scores [B, T, K])`` for :func:`.recall.cluster_budget_keep`."""
+    from ..focus.router import position_draws
+
+    cluster = position_draws(0, t, k_groups, device).argmax(-1)[None].expand(b, -1)
+    scores = position_draws(0, t, k_groups, device, salt=1)[None].expand(b, -1, -1)
+    return cluster, scores
+
+
+def random_rule(top_k: int) -> RuleFn:
+    """Random groups at top-k's budget, query by query (:func:`random_clusters`): each query takes whole random
+    groups in its random order until they hold as many of its distant keys as the layer's own router keeps for it.
+
+    Why a rule and not a routed model: served with the adapter's ``union_block`` (a query keeps the groups its block's
+    earlier queries joined), random routing keeps far more than the router does, because 64 queries' random groups
+    are most of the groups (measured on keys256-floor at 8192: 1.5% of the distant attention dropped against the
+    router's 19%, at a "budget" that was the router's, not its own). Matched per query, random is the chance level
+    of the same number of keys."""
+
+    def rule(layer, module, h, q, k, scale, softcap):
+        cfg = module.focus_router.cfg
+        served = served_keep(module.focus_router, h, top_k)
+        cluster, scores = random_clusters(k.shape[0], k.shape[2], cfg.num_groups, k.device)
+        return recall.cluster_budget_keep(cluster, scores, served, window=cfg.window, sink=cfg.sink_tokens)
+
+    return rule
