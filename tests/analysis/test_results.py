@@ -245,6 +245,26 @@ def test_kmeans_rows_of_the_older_rule_are_renamed_and_leave_the_decision_table(
     assert budget_matched(new) is new and "k-means keys" in render_decision_table([new], [])
 
 
+def test_random_rows_of_a_union_key_space_run_before_the_rule_are_renamed():
+    """A key-space adapter with a block union, long-evaluated before its random baseline kept the router's count
+    per query: that random routing kept most distant keys, so its rows are ``random-union`` and leave README's
+    table; without a union, or in a run with the rule, they stay ``random``."""
+    from focusattn.analysis.pareto import render_decision_table, render_pareto
+    from focusattn.eval.longctx import KMEANS_RULE, RANDOM_RULE, budget_matched
+
+    rows = [{"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 10.0},
+            {"T": 64, "variant": "top1", "ppl_domain": 11.0, "ppl_ood": 11.0, "budget_pairs_kept": 0.5},
+            {"T": 64, "variant": "random@top1", "ppl_domain": 10.1, "ppl_ood": 10.1, "budget_pairs_kept": 0.5}]
+    cfg = {"num_groups": 8, "router_input": "keys", "union_block": 64}
+    old = {"adapter": "runs/a/adapter", "focus_config": cfg, "results": rows, "kmeans_rule": KMEANS_RULE}
+    renamed = budget_matched(old)
+    assert [r["variant"] for r in renamed["results"]] == ["original", "top1", "random-union@top1"]
+    assert "random groups" not in render_decision_table([renamed], [])
+    assert "`random-union` rows" in render_pareto([renamed], [])
+    for doc in ({**old, "random_rule": RANDOM_RULE}, {**old, "focus_config": {**cfg, "union_block": 0}}):
+        assert budget_matched(doc) is doc and "random groups" in render_decision_table([doc], [])
+
+
 def test_key_clusters_section_renders_drop_keys_and_perplexity():
     from focusattn.analysis.recall_report import render_key_clusters
 

@@ -144,6 +144,9 @@ def render_pareto(long_docs: list[dict], bench_docs: list[dict], *, plot_link: s
     if any(r["variant"].startswith("kmeans-share@") for r in rows):
         notes[0] += (" `kmeans-share` rows: runs made before the k-means baseline kept the router's budget (a fixed "
                      "share of 8 clusters, about a tenth of the router's distant keys per query).")
+    if any(r["variant"].startswith("random-union@") for r in rows):
+        notes[0] += (" `random-union` rows: a key-space adapter's random routing served with its block union, "
+                     "before the random baseline kept the router's count per query (it kept most distant keys).")
     if rec_t:
         notes[0] += (" Distant attention dropped: the share of the original model's attention on keys beyond the "
                      "window and sinks that the mask removes (domain / OOD, `long-eval --recall-windows`).")

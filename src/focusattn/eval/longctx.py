@@ -44,6 +44,9 @@ SCHEMA = "focusattn.long_eval/1"
 # How the k-means rows were chosen: written into each long_eval.json, so rows of the older rule (a fixed share of
 # 8 clusters, 7-11 distant keys per query where the router keeps ~140) are told apart (:func:`budget_matched`).
 KMEANS_RULE = "clusters of 16 keys, filled to the router's budget per query"
+# The same for a key-space adapter's random rows: runs before it served a random routing, which with the adapter's
+# block union (``union_block``) kept most distant keys, far above the router's budget.
+RANDOM_RULE = "key-space adapters: random groups filled to the router's count per query"
 BASELINES = ("sliding", "duo", "random", "untrained", "kmeans", "oracle")
 
 
@@ -237,7 +240,8 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
            "focus_config": focus_config(focus).to_dict(), "corpora": corpora, "ppl_windows": ppl_windows,
            "passkey": {"depths": list(passkey_depths), "per_depth": passkey_per_depth,
                        "filler": corpora.get("ood", data)},
-           "repeat": {"n": repeat_n, "distance": repeat_distance}, "kmeans_rule": KMEANS_RULE, "results": rows}
+           "repeat": {"n": repeat_n, "distance": repeat_distance}, "kmeans_rule": KMEANS_RULE,
+           "random_rule": RANDOM_RULE, "results": rows}
     if recall_rows:
         doc["recall"] = recall_rows
     out = Path(out_dir)
@@ -249,12 +253,21 @@ def run_long_eval(out_dir, *, model: str = "smollm2-135m", adapter: str, lengths
 def budget_matched(doc: dict) -> dict:
     """``doc`` (a long_eval.json) with the k-means rows of runs made before :data:`KMEANS_RULE` renamed
     ``kmeans-share@top{k}`` (results and recall masks): they kept a fixed share of 8 clusters, a tenth of the
-    router's distant keys, so they must not stand in a table as the baseline "at the same budget"."""
-    if "kmeans_rule" in doc:
+    router's distant keys, so they must not stand in a table as the baseline "at the same budget". Likewise the
+    random rows of a key-space adapter with a block union (``union_block``) from runs before :data:`RANDOM_RULE`,
+    renamed ``random-union@top{k}``: a random routing with the union kept most distant keys."""
+    cfg = doc.get("focus_config") or {}
+    names = {} if "kmeans_rule" in doc else {"kmeans@": "kmeans-share@"}
+    if "random_rule" not in doc and cfg.get("router_input") == "keys" and cfg.get("union_block"):
+        names["random@"] = "random-union@"
+    if not names:
         return doc
 
     def rename(name: str) -> str:
-        return "kmeans-share@" + name.split("@", 1)[1] if name.startswith("kmeans@") else name
+        for old, new in names.items():
+            if name.startswith(old):
+                return new + name.split("@", 1)[1]
+        return name
 
     doc = {**doc, "results": [{**r, "variant": rename(r["variant"])} for r in doc.get("results", [])]}
     if "recall" in doc:
