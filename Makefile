@@ -830,7 +830,8 @@ bench-keyed: $(STAMP)
 		cp $(RUNS)/ship$(DAY)/$$n/model_bench.$$x docs/results/model_bench_$${n}_amx_$(DAY).$$x; done; done
 	$(VENV)/bin/focusattn ship-adapter $(KEYS_UNION) --name $(KEYS_FLOOR) --min-keys 128 \
 		--long-eval docs/results/long_eval_keys256_floor_ship.json docs/results/long_eval_keys256_floor_ship_8k.json \
-		docs/results/long_eval_keys256_floor_ship_baselines.json docs/results/long_eval_keys256_floor_ship_8k_random.json \
+		docs/results/long_eval_keys256_floor_ship_baselines.json docs/results/long_eval_keys256_floor_ship_8k_baselines.json \
+		docs/results/long_eval_keys256_floor_ship_8k_random.json \
 		--model-bench docs/results/model_bench_keys256_floor_amx_$(DAY).json
 	$(MAKE) results
 
