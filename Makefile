@@ -836,8 +836,8 @@ bench-keyed: $(STAMP)
 	$(MAKE) results
 
 # The floor with queries keeping the groups of 32-token blocks instead of 64 (`--union-block 32`; issue 22's 25% of
-# the pairs): its own rows at 2048/4096 and 8192, beside the original rows of the floor's runs on the same windows
-# (~10 min, two at once), then its speed alone (~6 min; keep the machine quiet).
+# the pairs): its own rows at 2048/4096, on Python source at 2048 and at 8192, beside the original rows of the
+# floor's runs on the same windows (~10 min, two at once), then its speed alone (~6 min; keep the machine quiet).
 LE_FLOOR_2K := --lengths 2048 4096 --ppl-max-len 2048 --ppl-windows 2 --recall-windows 0 --passkey-per-depth 2 \
 	--repeat-n 2 --no-soft --top-k 1 --threads 1 --baselines '' --variants top1
 LE_FLOOR_8K := --lengths 8192 --ppl-max-len 8192 --ppl-windows 1 --recall-windows 0 --passkey-per-depth 2 --repeat-n 1 \
@@ -847,11 +847,14 @@ floor-union32: $(STAMP)
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --union-block 32 $(LE_FLOOR_8K) --out $(RUNS)/u32/le_8k \
 		> $(RUNS)/u32/le_8k.log 2>&1 & \
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --union-block 32 $(LE_FLOOR_2K) --out $(RUNS)/u32/le_2k \
-		> $(RUNS)/u32/le_2k.log 2>&1 & wait
+		> $(RUNS)/u32/le_2k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_FLOOR) --union-block 32 $(LE_CODE_2K) --recall-windows 0 \
+		--baselines '' --variants top1 --out $(RUNS)/u32/le_code_2k > $(RUNS)/u32/le_code_2k.log 2>&1 & wait
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR) --union-block 32 --top-k 1 $(BM_8K) \
 		--out $(RUNS)/ship$(DAY)/keys256_floor_u32
 	cp $(RUNS)/u32/le_8k/long_eval.json docs/results/long_eval_keys256_floor_union32_8k.json
 	cp $(RUNS)/u32/le_2k/long_eval.json docs/results/long_eval_keys256_floor_union32.json
+	cp $(RUNS)/u32/le_code_2k/long_eval.json docs/results/register_eval_keys256_floor_union32_code.json
 	for x in json png; do cp $(RUNS)/ship$(DAY)/keys256_floor_u32/model_bench.$$x \
 		docs/results/model_bench_keys256_floor_union32_amx_$(DAY).$$x; done
 	$(MAKE) results
