@@ -278,3 +278,23 @@ def test_key_clusters_section_renders_drop_keys_and_perplexity():
     text = render_key_clusters(doc)
     assert "| top1 | 35.0% (140); +10.0% |" in text and "| fitted64 | 25.0% (150); +5.0% |" in text
     assert "| original perplexity | 10.00 |" in text
+
+
+def test_a_run_without_the_original_is_compared_with_every_runs_original():
+    """A baselines-only run (no `original` variant) reads the original's perplexity at its length from whichever
+    run measured it, even when an earlier run's original row at that length had only the probes."""
+    from focusattn.analysis.pareto import render_pareto
+
+    def doc(adapter, rows):
+        return {"adapter": adapter, "focus_config": {"num_groups": 8}, "results": rows}
+
+    probes = {"repeat_ppl": 1.0, "passkey": {"accuracy": 1.0}}
+    first = doc("runs/a/adapter", [{"T": 64, "variant": "original", **probes},
+                                   {"T": 64, "variant": "top1", "budget_pairs_kept": 0.5, **probes}])
+    second = doc("runs/a/adapter", [{"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 20.0, **probes},
+                                    {"T": 64, "variant": "top1", "ppl_domain": 11.0, "ppl_ood": 21.0,
+                                     "budget_pairs_kept": 0.5, **probes}])
+    alone = doc("runs/a/adapter", [{"T": 64, "variant": "sliding@top1", "ppl_domain": 12.0, "ppl_ood": 22.0,
+                                    "budget_pairs_kept": 0.5, **probes}])
+    row = next(x for x in render_pareto([first, second, alone], []).splitlines() if "sliding@top1" in x)
+    assert "12.00 (+20.0%)" in row and "22.00 (+10.0%)" in row

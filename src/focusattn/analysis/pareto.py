@@ -62,7 +62,10 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
             key = ("—", v) if v == "original" else (name, v)
             row = merged.setdefault(key, {"adapter": key[0], "K": None if v == "original" else k_groups,
                                           "variant": v, "by_T": {}, "_name": name})
-            row["by_T"].setdefault(r["T"], r)
+            if v == "original" and r["T"] in row["by_T"]:  # the original's measures from every run, first kept
+                row["by_T"][r["T"]] = {**r, **row["by_T"][r["T"]]}
+            else:
+                row["by_T"].setdefault(r["T"], r)
 
     for d in long_docs:  # recall measured in a run covers every mask of that adapter, evaluated there or not
         name = _adapter_name(d)
