@@ -12,6 +12,7 @@ Both take prefills only (a whole sequence, queries = keys): the evaluations they
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
@@ -193,10 +194,12 @@ def kmeans_rule(top_k: int, centroids: dict[int, torch.Tensor] | None = None) ->
     return rule
 
 
+@functools.lru_cache(maxsize=2)
 def random_clusters(b: int, t: int, k_groups: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Random groups for the random baseline of a key-space adapter: each key one of ``k_groups`` groups and each
     query a ranking of them, from the key-space router's own random draws (:func:`..focus.router.position_draws`,
-    fixed per position). ``(cluster [B, T] long, scores [B, T, K])`` for :func:`.recall.cluster_budget_keep`."""
+    fixed per position). ``(cluster [B, T] long, scores [B, T, K])`` for :func:`.recall.cluster_budget_keep`, read
+    only; cached, as every layer of a forward asks for the same ones."""
     from ..focus.router import position_draws
 
     cluster = position_draws(0, t, k_groups, device).argmax(-1)[None].expand(b, -1)

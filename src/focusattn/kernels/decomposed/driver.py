@@ -162,11 +162,9 @@ class _DecomposedFocus(torch.autograd.Function):
     def forward(ctx, q, k, v, membership, kpm, window, scale, softcap, varlen_fn, decomposition, qmembership,
                 sink=0):
         p = Problem(q, k, v, membership, kpm, window, scale, softcap, qmembership, sink)
-        if keyed.applies(p, any(ctx.needs_input_grad[:3])):  # no plans: the batched engine, forward only
+        # no plans: the batched engine, forward only (sinks: the caller checked keyed.folds_sinks, so not again)
+        if sink or keyed.applies(p, any(ctx.needs_input_grad[:3])):
             plans = varlen = pk = None
-        elif sink:
-            raise ValueError(f"sink={sink}: only the keyed engine folds sinks in (no gradient, key top-1 with query "
-                             "roles, no padding); allowed sink=0 here (focus_attention merges them)")
         else:
             plans = plan_groups(membership, kpm, decomposition, qmembership)
             varlen = _packed_varlen(p, plans, varlen_fn)
@@ -227,7 +225,8 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
     ``query_membership`` ``[B, T, K]``: query and key roles (``membership`` the keys' groups; see the module
     docstring); ``decomposition`` then does not apply. ``sink``: the first ``sink`` keys are every query's too,
     folded into the keyed engine's calls; only where that engine serves the call without padding
-    (:func:`.keyed.folds_sinks`), else a ValueError (:func:`..api.focus_attention` merges sinks elsewhere).
+    (:func:`.keyed.folds_sinks`; checked with ``validate``, else a ValueError), :func:`..api.focus_attention`
+    merges sinks elsewhere.
     """
     if validate:
         validate_focus_inputs(q, k, v, membership, window, scale=scale, softcap=softcap,
@@ -240,9 +239,10 @@ def decomposed_focus_attention(q, k, v, membership, window, *, scale=None, softc
                                       key_padding_mask=key_padding_mask)
         return (out, lse) if return_lse else out
     scale = default_scale(q.shape[-1], scale)
-    if sink and key_padding_mask is not None:
-        raise ValueError(f"sink={sink} with a key padding mask: allowed sink=0 (focus_attention merges the sinks of "
-                         "padded rows)")
+    if sink and validate and not keyed.folds_sinks(sink, membership, query_membership, key_padding_mask,
+                                                    any(t.requires_grad for t in (q, k, v))):
+        raise ValueError(f"sink={sink}: only the keyed engine folds sinks in (no gradient, key top-1 with query "
+                         "roles, no padding); allowed sink=0 here (focus_attention merges them)")
     out, lse = _DecomposedFocus.apply(q, k, v, membership, key_padding_mask, int(window), scale, softcap, varlen_fn,
                                       decomposition, query_membership, int(sink))
     return (out, lse) if return_lse else out
