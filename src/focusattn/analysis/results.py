@@ -19,6 +19,7 @@ from .recall_report import (recall_section, render_global_keys, render_key_clust
                             render_shared_ranking, render_key_groups, render_block_union, render_floor_probe)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
+from .scorecard import render_scorecards
 
 HEADER = """# Results
 
@@ -95,6 +96,15 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
                   "most attended ones. The oracle says how much of a quality gap is the budget and how much is "
                   "the routing.\n", recall_section(long_docs, d), ""]
     registers = [_load(p) for p in sorted(d.glob("register_eval*.json"))]
+    if long_docs:
+        from ..adapters import shipped
+        parts += ["### Issue 22's targets, shipped adapter by shipped adapter\n",
+                  "Each target of the routing issue checked on the committed runs of the adapter's own name "
+                  "(`analysis/scorecard.py`): kept pairs, perplexity, repeat-copy and passkey against the original on "
+                  "the same windows, distant attention dropped over the oracle's at the same budget, whole-model "
+                  "prefill, and the training-free baselines at its budget. Adapters measured at 2048 and 8192.\n",
+                  render_scorecards(shipped(), long_docs + [budget_matched(r) for r in registers
+                                                            if "focus_config" in r], bench_docs), ""]
     if registers:
         parts += ["### A register outside the routing's fit\n", render_registers(registers), ""]
     key_groups = [_load(p) for p in sorted(d.glob("key_groups_k*.json"))]
