@@ -137,6 +137,42 @@ def test_decision_table_leaves_out_rows_with_no_quality_at_its_length():
     assert "+40.0%" not in text and "random" not in text
 
 
+def test_decision_table_shows_shipped_names_as_loaded_not_their_served_variants():
+    """README's rows are what loading a name gives; a run that served it with its own settings is an experiment."""
+    from focusattn.analysis.pareto import render_decision_table
+
+    def doc(cmd, ppl):
+        return {"adapter": "smollm2-135m-focus-k8", "focus_config": {"num_groups": 8, "window": 512},
+                "command": f"focusattn long-eval --adapter smollm2-135m-focus-k8 {cmd}", "results": [
+                    {"T": 64, "variant": "original", "ppl_domain": 10.0, "ppl_ood": 10.0},
+                    {"T": 64, "variant": "top1", "ppl_domain": ppl, "ppl_ood": ppl, "budget_pairs_kept": 0.5}]}
+
+    text = render_decision_table([doc("", 11.0), doc("--window 512", 12.0)], [])
+    assert "+10.0%" in text and "+20.0%" not in text and "+window" not in text
+
+
+def test_decision_table_names_a_rows_own_original_where_its_passkeys_differ():
+    """Runs hide different numbers of passkeys: a row is read against the original of its own run (or, for a
+    baselines-only run, of its configuration's run), not the table's first original."""
+    from focusattn.analysis.pareto import render_decision_table
+
+    def doc(name, rows):
+        return {"adapter": name, "focus_config": {"num_groups": 8}, "command": f"focusattn long-eval --adapter {name}",
+                "results": rows}
+
+    pk = lambda h, n: {"accuracy": h / n, "n": n}  # noqa: E731
+    first = doc("runs/a/adapter", [{"T": 64, "variant": "original", "ppl_domain": 10.0, "passkey": pk(2, 3)},
+                                   {"T": 64, "variant": "top1", "ppl_domain": 11.0, "passkey": pk(1, 3)}])
+    second = doc("runs/b/adapter", [{"T": 64, "variant": "original", "ppl_domain": 10.0, "passkey": pk(2, 6)},
+                                    {"T": 64, "variant": "top1", "ppl_domain": 11.0, "passkey": pk(2, 6)}])
+    base_only = doc("runs/b/adapter", [{"T": 64, "variant": "sliding@top1", "ppl_domain": 12.0, "passkey": pk(1, 6)}])
+    lines = render_decision_table([first, second, base_only], []).splitlines()
+    row = lambda prefix: next(x for x in lines if x.startswith(prefix))  # noqa: E731
+    assert "| 2/3 |" in row("| original") and "| 1/3 |" in row("| **runs/a**")
+    assert "2/6 (original 2/6)" in row("| **runs/b**")
+    assert "1/6 (original 2/6)" in row("| ↳ sliding")
+
+
 def test_pareto_names_the_serving_settings_a_command_added():
     from focusattn.analysis.pareto import _adapter_name
 

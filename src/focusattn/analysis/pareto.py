@@ -180,10 +180,12 @@ def _quality_length(rows: list[dict]) -> int:
 
 def decision_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
     """The README's rows: the original, then per shipped adapter (every adapter when none is shipped) each hard
-    top-k followed by the baselines measured at its budget. The soft gate (a training mode) is left out."""
+    top-k followed by the baselines measured at its budget. The soft gate (a training mode) is left out, and so are
+    runs that served a shipped adapter with settings of their own (``NAME +window 512``: experiments, in RESULTS'
+    full table), so each row is what loading that name gives."""
     names = list(dict.fromkeys(_adapter_name(d) for d in long_docs))
     shipped = _shipped()
-    names = [n for n in names if n.split(" +")[0] in shipped] or names
+    names = [n for n in names if n in shipped] or names
     # the original row as measured beside these adapters (same windows, passkey depths and repeats), then the rest
     rows = pareto_rows(sorted(long_docs, key=lambda d: _adapter_name(d) not in names), bench_docs)
     out = [r for r in rows if r["variant"] == "original"][:1]
@@ -233,16 +235,34 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
         dd = r["by_T"].get(rt, {}).get("distant_dropped") if rt else None
         return "—" if not dd else " / ".join(f"{100 * dd[s]:.0f}%" for s in ("domain", "ood") if s in dd)
 
-    def passkey(r):
-        a = (at(r, "passkey") or {}).get("accuracy")
-        return "—" if a is None else f"{100 * a:.0f}%"
+    def hits(p):
+        return "—" if not p or p.get("accuracy") is None else (
+            f"{round(p['accuracy'] * p['n'])}/{p['n']}" if p.get("n") else f"{100 * p['accuracy']:.0f}%")
+
+    def own_base(r, key):  # the original of the row's run, else of its configuration's run (a baselines-only run)
+        x = (r["by_T"].get(t, {}).get("_base") or {}).get(key)
+        if x is None and "@" in r["variant"]:
+            top = next((y for y in rows if y["adapter"] == r["adapter"] and y["variant"] == r["variant"].split("@")[1]),
+                       None)
+            x = ((top or {}).get("by_T", {}).get(t, {}).get("_base") or {}).get(key)
+        return at(base, key) if x is None else x
+
+    def passkey(r):  # runs differ in passkeys per depth: a row whose own run's original differs says so
+        mine, own = hits(at(r, "passkey")), hits(own_base(r, "passkey"))
+        return mine if r is base or mine == "—" or own in ("—", hits(at(base, "passkey"))) else \
+            f"{mine} (original {own})"
+
+    def repeat(r):  # likewise the repeated passages
+        mine, own, shown = at(r, "repeat_ppl"), own_base(r, "repeat_ppl"), at(base, "repeat_ppl")
+        return _f(mine) if r is base or None in (mine, own, shown) or _f(own) == _f(shown) else \
+            f"{_f(mine)} (original {_f(own)})"
 
     kept = lambda r: "100%" if r is base else ("—" if at(r, "budget_pairs_kept") is None  # noqa: E731
                                                else f"{100 * at(r, 'budget_pairs_kept'):.0f}%")
     times = lambda x: "—" if x is None else f"{x:.2f}×"  # noqa: E731
     cols = [("configuration", label), (f"causal pairs kept (T={t})", kept),
             (f"perplexity, domain / OOD (T={t}; Δ vs the original in the same run)", ppl),
-            (f"repeat-copy ppl (T={t})", lambda r: _f(at(r, "repeat_ppl"))),
+            (f"repeat-copy ppl (T={t})", repeat),
             (f"passkey (T={t})", passkey),
             (f"distant attention dropped (T={rt}; domain / OOD)", dropped),
             (f"prefill × (T={'/'.join(map(str, speed_t))})", lambda r: times(r["prefill_x"])),
@@ -265,8 +285,8 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
     lines = ["| " + " | ".join(cols[j][0] for j in keep) + " |", "|" + "---|" * len(keep)]
     lines += ["| " + " | ".join(row[j] for j in keep) + " |" for row in table]
     notes = [f"Perplexity on held-out text at T = {t} (domain = the training corpus' held-out works, OOD = news), "
-             "repeat-copy = perplexity of a passage seen earlier (the original's is the floor), passkey = share of "
-             "hidden numbers retrieved; ↳ rows are training-free masks that keep the same share of causal pairs as "
+             "repeat-copy = perplexity of a passage seen earlier (the original's is the floor), passkey = hidden "
+             "numbers retrieved (a row whose run hid other passkeys or passages names its own original's); ↳ rows are training-free masks that keep the same share of causal pairs as "
              "the top-k above them (not served, so not timed)."]
     if speed_t:
         notes[0] += (f" Speed: the whole model's prefill and one decode step against the original in the same "
