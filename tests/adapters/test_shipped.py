@@ -145,6 +145,15 @@ def test_the_floor_adapter_is_keys256_union_with_a_floor_and_measured_by_name():
     assert missing == []
 
 
+def test_the_floor32_adapter_is_the_floor_with_32_token_unions_and_measured_by_name():
+    """keys256-floor's centroids and settings, each query keeping its 32-token block's groups (``union_block``)."""
+    want, got, same_weights, missing = _derived("smollm2-135m-focus-keys256-floor",
+                                                "smollm2-135m-focus-keys256-floor32", {"union_block": 32},
+                                                "--union-block 32")
+    assert got == want and same_weights
+    assert missing == []
+
+
 @pytest.mark.parametrize("data", ["shakespeare", "lee-news"])
 @pytest.mark.parametrize("name", KEYS)
 def test_key_space_queries_keep_their_budget_on_held_out_text(name, data):
