@@ -52,13 +52,20 @@ def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:
             if r["T"] == t:
                 speed[(_adapter_name(b), r["variant"])] = (t, r["prefill_speedup"], r["decode_speedup"])
     merged: dict[tuple, dict] = {}  # (adapter, variant) -> row; several long-eval runs of one adapter merge by T
+    named: dict[tuple, dict] = {}  # (adapter, T) -> the original's measures from that adapter's runs, first kept
+    for d in long_docs:
+        for r in d["results"]:
+            if r["variant"] == "original":
+                key = (_adapter_name(d), r["T"])
+                named[key] = {**r, **named.get(key, {})}
     for d in long_docs:
         name, k_groups = _adapter_name(d), d["focus_config"]["num_groups"]
         origs = {r["T"]: r for r in d["results"] if r["variant"] == "original"}
         for r in d["results"]:
             v = r["variant"]
-            if v != "original":  # a change is measured against the original of the same run (same windows)
-                r = {**r, "_base": origs.get(r["T"])}
+            if v != "original":  # a change is measured against the original of the same run (same windows), or of
+                # the same adapter's run (a baselines-only run repeats its settings: the same windows and probes)
+                r = {**r, "_base": origs.get(r["T"]) or named.get((name, r["T"]))}
             key = ("—", v) if v == "original" else (name, v)
             row = merged.setdefault(key, {"adapter": key[0], "K": None if v == "original" else k_groups,
                                           "variant": v, "by_T": {}, "_name": name})
@@ -239,21 +246,13 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
         return "—" if not p or p.get("accuracy") is None else (
             f"{round(p['accuracy'] * p['n'])}/{p['n']}" if p.get("n") else f"{100 * p['accuracy']:.0f}%")
 
-    def own_base(r, key):  # the original of the row's run, else of its configuration's run (a baselines-only run)
-        x = (r["by_T"].get(t, {}).get("_base") or {}).get(key)
-        if x is None and "@" in r["variant"]:
-            top = next((y for y in rows if y["adapter"] == r["adapter"] and y["variant"] == r["variant"].split("@")[1]),
-                       None)
-            x = ((top or {}).get("by_T", {}).get(t, {}).get("_base") or {}).get(key)
-        return at(base, key) if x is None else x
-
     def passkey(r):  # runs differ in passkeys per depth: a row whose own run's original differs says so
-        mine, own = hits(at(r, "passkey")), hits(own_base(r, "passkey"))
+        mine, own = hits(at(r, "passkey")), hits(_base_value(r, t, "passkey", base))
         return mine if r is base or mine == "—" or own in ("—", hits(at(base, "passkey"))) else \
             f"{mine} (original {own})"
 
     def repeat(r):  # likewise the repeated passages
-        mine, own, shown = at(r, "repeat_ppl"), own_base(r, "repeat_ppl"), at(base, "repeat_ppl")
+        mine, own, shown = at(r, "repeat_ppl"), _base_value(r, t, "repeat_ppl", base), at(base, "repeat_ppl")
         return _f(mine) if r is base or None in (mine, own, shown) or _f(own) == _f(shown) else \
             f"{_f(mine)} (original {_f(own)})"
 
@@ -286,8 +285,9 @@ def render_decision_table(long_docs: list[dict], bench_docs: list[dict], *, full
     lines += ["| " + " | ".join(row[j] for j in keep) + " |" for row in table]
     notes = [f"Perplexity on held-out text at T = {t} (domain = the training corpus' held-out works, OOD = news), "
              "repeat-copy = perplexity of a passage seen earlier (the original's is the floor), passkey = hidden "
-             "numbers retrieved (a row whose run hid other passkeys or passages names its own original's); ↳ rows are training-free masks that keep the same share of causal pairs as "
-             "the top-k above them (not served, so not timed)."]
+             "numbers retrieved (a row whose run hid other passkeys or passages names its own original's); ↳ rows "
+             "are training-free masks that keep the same share of causal pairs as the top-k above them (not served, "
+             "so not timed)."]
     if speed_t:
         notes[0] += (f" Speed: the whole model's prefill and one decode step against the original in the same "
                      f"`focusattn bench-model` run at T = {'/'.join(map(str, speed_t))}.")

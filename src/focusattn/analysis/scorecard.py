@@ -108,7 +108,7 @@ def _lost_to(me: dict, other: dict) -> list[str]:
         if me.get(key) is not None and other.get(key) is not None and other[key] < me[key]:
             lost.append(f"{label} ({other[key]:.2f} < {me[key]:.2f})")
     pm, po = (me.get("passkey") or {}).get("accuracy"), (other.get("passkey") or {}).get("accuracy")
-    if pm is not None and po is not None and po > pm + 1e-9:
+    if pm is not None and po is not None and po > pm + EPS:
         lost.append(f"passkey ({po:.0%} > {pm:.0%})")
     dm, do = me.get("distant_dropped") or {}, other.get("distant_dropped") or {}
     for split in ("domain", "ood"):
@@ -119,7 +119,10 @@ def _lost_to(me: dict, other: dict) -> list[str]:
 
 def render_scorecard(name: str, long_docs: list[dict], bench_docs: list[dict]) -> str:
     """Markdown: the checks of :func:`scorecard` as a table, then how many are met."""
-    checks = scorecard(name, long_docs, bench_docs)
+    return _card(name, scorecard(name, long_docs, bench_docs))
+
+
+def _card(name: str, checks: list[dict]) -> str:
     if not checks:
         return f"_No long-eval of `{name}` yet._"
     lines = ["| target | where | measured | met |", "|---|---|---|---|"]
@@ -132,11 +135,13 @@ def render_scorecard(name: str, long_docs: list[dict], bench_docs: list[dict]) -
 
 
 def render_scorecards(names: list[str], long_docs: list[dict], bench_docs: list[dict]) -> str:
-    """Per adapter of ``names`` long-evaluated at 2048 and 8192: how many checks it meets and which targets it misses, then
-    each one's whole card (folded)."""
+    """Per adapter of ``names`` long-evaluated at 2048 and 8192: how many checks it meets and which targets it
+    misses, then each one's whole card (folded)."""
+    def lengths(c):
+        return {x["where"].split(" ")[0] for x in c if not x["target"].startswith("prefill")}
+
     cards = {n: scorecard(n, long_docs, bench_docs) for n in names}
-    cards = {n: c for n, c in cards.items()
-             if {"T=2048", "T=8192"} <= {x["where"].split(" ")[0] for x in c if not x["target"].startswith("prefill")}}
+    cards = {n: c for n, c in cards.items() if {"T=2048", "T=8192"} <= lengths(c)}
     if not cards:
         return "_No adapter measured at 2048 and 8192 yet._"
     lines = ["| adapter | checks met | targets missed (where) |", "|---|---|---|"]
@@ -147,7 +152,6 @@ def render_scorecards(names: list[str], long_docs: list[dict], bench_docs: list[
                 missed.setdefault(x["target"], {})[x["where"].split(" (")[0]] = None
         text = "; ".join(f"{t} ({', '.join(w)})" for t, w in missed.items()) or "none"
         lines.append(f"| `{n}` | {sum(x['ok'] for x in c)} / {len(c)} | {text} |")
-    for n in cards:
-        lines += ["", f"<details><summary>The card of <code>{n}</code></summary>", "",
-                  render_scorecard(n, long_docs, bench_docs), "", "</details>"]
+    for n, c in cards.items():
+        lines += ["", f"<details><summary>The card of <code>{n}</code></summary>", "", _card(n, c), "", "</details>"]
     return "\n".join(lines)
