@@ -55,6 +55,13 @@ def _cumsum_rows(x: torch.Tensor, block: int = 64) -> torch.Tensor:
     return out
 
 
+def _compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in storage of its own when it is a small view of a larger tensor: what a memo carries to the next call
+    (the last rows of a prefill's [B, T, ...] tensors) must not keep the whole prefill's storage alive, 30 layers
+    of it at once (at 8192 tokens the key features and prefix counts held 600 MiB after the prefill)."""
+    return x.clone() if x.untyped_storage().nbytes() > 2 * x.numel() * x.element_size() else x
+
+
 def _boundary_runs(start: int, t: int, window: int, block: int) -> list[tuple[int, int]]:
     """``(lim, count)`` runs of ``lim = max(0, floor((p - window) / block) * block)`` over positions ``start ..
     start + t - 1`` (nondecreasing), in plain integers: a decode step's one run costs no tensor ops."""
@@ -163,8 +170,9 @@ class KeyRouter(nn.Module):
             qmem = self._block_union(qmem, valid, rank, None if memo is None or start == 0 else memo.get("union"),
                                      memo)
         if memo is not None:
-            memo["keys"] = {"n": start + t, "ids": tail_ids[:, last - at:], "countable": countable[:, last - at:],
-                            "real": rank[:, -1], "at": last, "count": prefix[:, -1]}
+            memo["keys"] = {"n": start + t, "ids": _compact(tail_ids[:, last - at:]),
+                            "countable": _compact(countable[:, last - at:]), "real": _compact(rank[:, -1]), "at": last,
+                            "count": _compact(prefix[:, -1])}
         membership = torch.zeros(b, t, cfg.num_groups, dtype=torch.bool, device=h.device).scatter_(-1, ids[..., None],
                                                                                                    True)
         return Routing(membership.float(), membership, query_membership=qmem)
@@ -217,8 +225,8 @@ class KeyRouter(nn.Module):
             scores[:, at:at + n] = h[:, at:at + n, w:].float() @ mu.transpose(1, 2)
             at += n
         if memo is not None:
-            memo["means"] = {"s0": upto, "sum": total, "cnt": cnt, "mu": mu, "feat": feat[:, upto - s0:],
-                             "ids": fid[:, upto - s0:], "ok": ok[:, upto - s0:]}
+            memo["means"] = {"s0": upto, "sum": total, "cnt": cnt, "mu": mu, "feat": _compact(feat[:, upto - s0:]),
+                             "ids": _compact(fid[:, upto - s0:]), "ok": _compact(ok[:, upto - s0:])}
         return scores
 
     def _shared_scores(self, scores, valid, rank, state: dict | None, memo: dict | None) -> torch.Tensor:
