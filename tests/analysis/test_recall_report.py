@@ -206,3 +206,17 @@ def test_render_key_groups_rows_oracle_ratio_and_the_benches_beside(tmp_path):
     (tmp_path / "key_groups_bench_k1024.json").write_text(json.dumps(bench))
     out = write_results(tmp_path, tmp_path / "RESULTS.md").read_text()
     assert "Finer or adaptive key groups" in out and "0.66x" in out and "Whole-model speed: `runs/k1024" not in out
+
+
+def test_head_ranks_render_each_measures_rank_and_the_copy_loss_it_starts_from():
+    from focusattn.analysis.recall_report import render_head_ranks
+
+    doc = {"command": "python scripts/head_ranks.py --heads 19:1", "adapter": "a", "length": 2048,
+           "corpora": ["shakespeare"], "dense_heads": ["7:2"],
+           "measures": {"induction": {"top": [["22:2", 0.12], ["19:1", 0.05]], "rank": {"19:1": 2}, "routed_heads": 80},
+                        "dense_gain": {"top": [["19:1", 0.046]], "rank": {"19:1": 1}, "routed_heads": 80}},
+           "copy_loss": {"original": 0.44, "served": 0.49, "layer_gain": {"3": 0.001, "19": 0.04}}}
+    text = render_head_ranks(doc)
+    assert "| induction | 2 / 80 | 22:2 (0.120), 19:1 (0.050) |" in text and "| dense_gain | 1 / 80 |" in text
+    assert "original 0.4400, served 0.4900" in text and "19 (0.0400), 3 (0.0010)" in text
+    assert "`python scripts/head_ranks.py --heads 19:1`" in text

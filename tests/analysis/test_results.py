@@ -193,6 +193,13 @@ def test_pareto_names_the_serving_settings_a_command_added():
     means = {"adapter": "smollm2-135m-focus-keys256", "focus_config": {"key_scores": "means"},
              "command": "focusattn long-eval --adapter smollm2-135m-focus-keys256 --key-scores means"}
     assert _adapter_name(means) == "smollm2-135m-focus-keys256 +means"
+    own = [[7, 2], [8, 0], [14, 1], [15, 2], [17, 1], [18, 2], [20, 2], [23, 0], [23, 2], [24, 1]]
+    floor = "smollm2-135m-focus-keys256-floor32"
+    swap = {"adapter": floor, "focus_config": {"dense_heads": own[1:] + [[19, 1]]},
+            "command": f"focusattn long-eval --adapter {floor} --dense-heads x"}
+    assert _adapter_name(swap) == f"{floor} +10 dense heads (+19:1 -7:2)"  # not the row of another ten
+    same = {**swap, "focus_config": {"dense_heads": own}}
+    assert _adapter_name(same) == f"{floor} +10 dense heads"
     assert _adapter_name({**means, "command": "focusattn long-eval --adapter x --key-scores centroids",
                           "focus_config": {"key_scores": "centroids"}}) == "smollm2-135m-focus-keys256"
     union = {"adapter": "smollm2-135m-focus-keys256-means", "focus_config": {"budget": 0.03, "union_block": 64},

@@ -178,6 +178,16 @@ def test_a_key_adapter_ships_again_with_other_key_scores(tmp_path, tiny_dir, cap
     cfg = json.loads((union / "adapter_config.json").read_text())["focus_config"]
     assert cfg["union_block"] == 16 and cfg["budget"] == 0.1 and cfg["key_scores"] == "means"
     assert "--union-block 16" in (union / "README.md").read_text()
+    heads = derive_key_adapter(str(union), "tiny-heads", dense_heads="1:0", dest=pkg)  # another dense head
+    cfg = json.loads((heads / "adapter_config.json").read_text())["focus_config"]
+    assert cfg["dense_heads"] == [[1, 0]] and cfg["union_block"] == 16
+    card = (heads / "README.md").read_text()
+    assert "--dense-heads 1:0" in card and "1 dense key/value heads, layer:head `1:0` (the source's 0, and `1:0`" \
+        in card
+    loaded = fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], heads)
+    assert fa.hf.focus_config(loaded).dense_heads == ((1, 0),)
+    with pytest.raises(InputError, match="dense_heads"):
+        derive_key_adapter(str(union), "bad", dense_heads="induction:2", dest=pkg)  # scored: chosen before shipping
     assert fa.hf.focus_config(fa.load_adapter(fa.load_model(str(tiny_dir / "model"))[0], union)).union_block == 16
     with pytest.raises(InputError, match="union_block"):
         derive_key_adapter(str(shipped), "bad", union_block=-1, dest=pkg)
@@ -187,7 +197,7 @@ def test_a_key_adapter_ships_again_with_other_key_scores(tmp_path, tiny_dir, cap
     assert "--min-keys 8" in card and "at least 8" in card
     with pytest.raises(InputError, match="min_keys"):
         derive_key_adapter(str(shipped), "bad", min_keys=-1, dest=pkg)
-    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-floor", "tiny-means", "tiny-union"]
+    assert sorted(p.name for p in pkg.iterdir()) == ["tiny-floor", "tiny-heads", "tiny-means", "tiny-union"]
 
 
 def main_ok(argv) -> bool:

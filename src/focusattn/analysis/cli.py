@@ -72,15 +72,17 @@ def _ship(a) -> int:
     if not a.name:
         raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
     fitted = _fitted_keys(a.run)  # a `fit-keys` folder: centroids, served at a budget
-    if fitted or any(x is not None for x in (a.budget, a.key_scores, a.union_block, a.min_keys)):
-        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or a.dense_heads is not None:
-            raise InputError("run", a.run, "a key-space adapter ships with its own dense heads and no rebalancing "
-                             "or cap: allowed --budget, --key-scores, --union-block, --min-keys, --long-eval, "
-                             "--model-bench")
+    if fitted or any(x is not None for x in (a.budget, a.key_scores, a.union_block, a.min_keys)) or (
+            a.dense_heads is not None and _key_space(a.run)):
+        if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or (
+                fitted and a.dense_heads is not None):
+            raise InputError("run", a.run, "a key-space adapter ships with no rebalancing or cap (and a fit with "
+                             "its own dense heads): allowed --budget, --key-scores, --union-block, --min-keys, "
+                             "--dense-heads (a shipped key-space adapter again), --long-eval, --model-bench")
+        kw = {} if fitted else {"dense_heads": a.dense_heads}
         ship = ship_key_adapter if fitted else derive_key_adapter
         out = ship(a.run, a.name, budget=a.budget, key_scores=a.key_scores, union_block=a.union_block,
-                   min_keys=a.min_keys, long_eval=a.long_eval,
-                   model_bench=a.model_bench)
+                   min_keys=a.min_keys, long_eval=a.long_eval, model_bench=a.model_bench, **kw)
         print(f"wrote {out} (adapter + README.md model card)")
         return 0
     if a.dense_heads is not None and not (Path(a.run) / "summary.json").is_file():  # another adapter's routers
@@ -97,6 +99,17 @@ def _ship(a) -> int:
                        first_phase=a.first_phase)
     print(f"wrote {out} (adapter + README.md model card)")
     return 0
+
+
+def _key_space(run: str) -> bool:
+    """``run`` names a key-space adapter (``router_input="keys"``), shipped or a folder."""
+    from ..adapters import resolve
+    from ..hf.io import read_adapter_config
+
+    try:
+        return read_adapter_config(resolve(run))["focus_config"].get("router_input") == "keys"
+    except ValueError:
+        return False
 
 
 def _fitted_keys(run: str) -> bool:

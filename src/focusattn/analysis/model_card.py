@@ -190,16 +190,23 @@ def ship_adapter(run_dir, name: str, *, long_eval=None, model_bench=None, dest: 
     return _finish(tmp, out, lines, le, mb)
 
 
-def _serve_changes(budget, key_scores, union_block, min_keys) -> dict:
-    """The key-space serving fields a ship command sets (None: the source's), in the order the flags are printed."""
+def _serve_changes(budget, key_scores, union_block, min_keys, dense_heads=None) -> dict:
+    """The key-space serving fields a ship command sets (None: the source's), in the order the flags are printed;
+    ``dense_heads``: (layer, kv_head) pairs."""
     return {k: v for k, v in (("budget", None if budget is None else float(budget)), ("key_scores", key_scores),
-                              ("union_block", union_block), ("min_keys", min_keys)) if v is not None}
+                              ("union_block", union_block), ("min_keys", min_keys),
+                              ("dense_heads", None if dense_heads is None else tuple(map(tuple, dense_heads))))
+            if v is not None}
 
 
 def _serve_flags(changes: dict) -> str:
     """``changes`` as the ``ship-adapter`` flags that set them (``--budget 0.04 --union-block 64``)."""
-    return " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
-                    for k, v in changes.items())
+    def value(v):
+        if isinstance(v, tuple):
+            return ",".join(f"{a}:{b}" for a, b in v)
+        return f"{v:g}" if isinstance(v, float) else v
+
+    return " ".join(f"--{k.replace('_', '-')} {value(v)}" for k, v in changes.items())
 
 
 def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_scores: str | None = None,
@@ -259,18 +266,23 @@ def ship_key_adapter(run_dir, name: str, *, budget: float | None = None, key_sco
 
 
 def derive_key_adapter(source: str, name: str, *, budget: float | None = None, key_scores: str | None = None,
-                       union_block: int | None = None, min_keys: int | None = None, long_eval=None, model_bench=None,
-                       dest: Path | None = None) -> Path:
+                       union_block: int | None = None, min_keys: int | None = None, dense_heads: str | None = None,
+                       long_eval=None, model_bench=None, dest: Path | None = None) -> Path:
     """Ship the centroids of key-space adapter ``source`` (a shipped name or an adapter folder) again as ``name``,
-    served with another ``budget``, ``key_scores``, ``union_block`` and/or ``min_keys`` (inference settings: the
-    centroids do not depend on them),
+    served with another ``budget``, ``key_scores``, ``union_block``, ``min_keys`` and/or ``dense_heads`` (a
+    ``--dense-heads`` list of layer:kv_head pairs; inference settings: the centroids do not depend on them),
     with a card that points at ``source``'s for the fit and gives this one's measured tables. Why a copy and not a
     flag: a user loads one name and gets the measured configuration (decode = prefill, no setting to remember)."""
     from ..adapters import resolve
+    from ..hf.heads import parse_dense_heads
 
-    if budget is None and key_scores is None and union_block is None and min_keys is None:
+    if budget is None and key_scores is None and union_block is None and min_keys is None and dense_heads is None:
         raise InputError("run", source, "a key-space adapter is shipped again only with --budget, --key-scores, "
-                         "--union-block and/or --min-keys")
+                         "--union-block, --min-keys and/or --dense-heads")
+    heads = None if dense_heads is None else parse_dense_heads(dense_heads)
+    if isinstance(heads, dict):
+        raise InputError("dense_heads", dense_heads, "allowed a layer:kv_head list (e.g. 17:1,18:2) for a key-space "
+                         "adapter: its heads are chosen once, then shipped by name")
     if not name or "/" in name or name.startswith("."):
         raise InputError("name", name, "a plain folder name, e.g. smollm2-135m-focus-keys256-means")
     try:
@@ -282,7 +294,8 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
     if acfg["focus_config"].get("router_input") != "keys":
         raise InputError("run", source, "a key-space adapter (router_input='keys') with --budget/--key-scores/"
                          "--union-block/--min-keys")
-    changes = _serve_changes(budget, key_scores, union_block, min_keys)
+    own = tuple(map(tuple, acfg["focus_config"].get("dense_heads") or ()))
+    changes = _serve_changes(budget, key_scores, union_block, min_keys, heads)
     acfg["focus_config"] = FocusConfig.from_dict({**acfg["focus_config"], **changes}).to_dict()  # validated first
     le = _long_evals(long_eval)
     mb = _need(Path(model_bench), "focusattn bench-model") if model_bench else None
@@ -299,7 +312,8 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
                      "counted as one more key)", "centroids": "its fitted centroid"}[fc["key_scores"]]
     lines = [f"# {name}", "",
              f"The centroids of `{source}` (same tensors; how they were fitted: its model card), served with "
-             f"`{', '.join(f'{k}={v!r}' for k, v in changes.items())}`: each query scores a key group by {what} "
+             f"`{', '.join(f'{k}={v!r}' for k, v in changes.items() if k != 'dense_heads')}`"
+             f"{' and other dense heads' if 'dense_heads' in changes else ''}: each query scores a key group by {what} "
              f"(`FocusConfig.key_scores`, docs/DESIGN.md) and joins groups in that order until they hold "
              f"{fc['budget']:.0%} of its distant keys (beyond the {fc['window']}-token window, after "
              f"{fc['sink_tokens']} sink)"
@@ -307,12 +321,22 @@ def derive_key_adapter(source: str, name: str, *, budget: float | None = None, k
              + (f", and also keeps every group the earlier queries of its {fc['union_block']}-token block and the "
                 "block before joined (`FocusConfig.union_block`)" if fc.get("union_block") else "")
              + ". Served exactly by the sparse kernels (decode = prefill)"
-             + (f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
+             + (_heads_sentence(own, changes["dense_heads"]) if "dense_heads" in changes else
+                f", with the source's {len(fc['dense_heads'])} dense key/value heads" if fc.get("dense_heads") else "")
              + ".", "",
              *_usage_and_command(acfg["base_model"], f'fa.load_adapter(model, "{name}")',
                                  f"focusattn ship-adapter {source} --name {name} {_serve_flags(changes)}",
                                  long_eval, model_bench)]
     return _finish(tmp, out, lines, le, mb)
+
+
+def _heads_sentence(own: tuple, served: tuple) -> str:
+    """How a derived key-space adapter's dense heads differ from its source's, for its card."""
+    listed = lambda hs: ", ".join(f"{a}:{b}" for a, b in sorted(hs)) or "none"  # noqa: E731
+    added, dropped = set(served) - set(own), set(own) - set(served)
+    return (f", with {len(served)} dense key/value heads, layer:head `{listed(served)}` (the source's {len(own)}"
+            + (f", and `{listed(added)}`" if added else "") + (f", without `{listed(dropped)}`" if dropped else "")
+            + "; docs/DECISIONS.md says how they were chosen)")
 
 
 def _scored(model: str, adapter: Path, counts: dict) -> tuple:

@@ -8,6 +8,7 @@ Inputs are the JSON written by ``focusattn long-eval`` (``long_eval*.json``) and
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from .._io import pyplot
@@ -40,7 +41,34 @@ def _adapter_name(doc: dict) -> str:
     name = f"{name} +union {cfg['union_block']}" if cfg.get("union_block") and "--union-block" in cmd else name
     name = f"{name} +min {cfg['min_keys']}" if cfg.get("min_keys") and "--min-keys" in cmd else name
     heads = cfg.get("dense_heads") or ()
-    return f"{name} +{len(heads)} dense heads" if "--dense-heads" in cmd else name  # "+0": served without
+    if "--dense-heads" not in cmd:
+        return name
+    return f"{name} +{len(heads)} dense heads{_heads_changed(doc['adapter'], heads)}"  # "+0": served without
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_dense_heads(adapter: str) -> frozenset | None:
+    """A shipped adapter's own dense heads (read once: every row of every table names its adapter); None for others."""
+    from ..adapters import HERE, shipped
+    from ..hf.io import read_adapter_config
+
+    if adapter not in shipped():
+        return None
+    return frozenset(tuple(h) for h in read_adapter_config(HERE / adapter)["focus_config"].get("dense_heads") or ())
+
+
+def _heads_changed(adapter: str, heads) -> str:
+    """`` (+19:1 -20:2)``: the dense heads a run served beside (``+``) or instead of (``-``) a shipped adapter's own,
+    so runs serving as many dense heads but other ones are other rows; empty for other adapters, no change, or where
+    the adapter or the run has none (the count says it all)."""
+    own = _shipped_dense_heads(adapter)
+    if own is None:
+        return ""
+    served = {tuple(h) for h in heads}
+    if not own or not served:
+        return ""
+    diff = [f"+{a}:{b}" for a, b in sorted(served - own)] + [f"-{a}:{b}" for a, b in sorted(own - served)]
+    return f" ({' '.join(diff)})" if diff else ""
 
 
 def pareto_rows(long_docs: list[dict], bench_docs: list[dict]) -> list[dict]:

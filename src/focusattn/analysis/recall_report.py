@@ -388,3 +388,28 @@ def render_key_groups(docs: list[dict], benches: list[dict]) -> str:
                                  f"{r['decode_speedup']:.2f}x | {b.get('cpu') or 'not recorded'} |")
         lines += ["", *[f"- `{b['command']}`" for b in benches]]
     return "\n".join(lines)
+
+
+def render_head_ranks(doc: dict) -> str:
+    """``scripts/head_ranks.py``: where the asked heads rank among an adapter's routed heads by measures taken on
+    training text only (no evaluation probe), beside each measure's leaders; the copy loss the dense-gain search
+    starts from."""
+    asked = list(dict.fromkeys(h for m in doc["measures"].values() for h in m["rank"]))
+    cmd = doc.get("command") or "make floor32-heads (scripts/head_ranks.py)"
+    lines = [f"Command: `{cmd}`", "",
+             f"Adapter `{doc['adapter']}` ({len(doc['dense_heads'])} dense heads), T = {doc['length']}, training "
+             f"text of {', '.join(doc['corpora'])}. Ranks among the routed key/value heads (1 = first); the leaders "
+             "with their scores.", "",
+             "| measure | " + " | ".join(f"rank of {h}" for h in asked) + " | first three |",
+             "|---|" + "---|" * len(asked) + "---|"]
+    for name, m in doc["measures"].items():
+        top = ", ".join(f"{h} ({v:.3f})" for h, v in m["top"][:3])
+        ranks = " | ".join(f"{m['rank'].get(h, '—')} / {m['routed_heads']}" for h in asked)
+        lines.append(f"| {name} | {ranks} | {top} |")
+    loss = doc.get("copy_loss")
+    if loss:
+        best = sorted(loss["layer_gain"].items(), key=lambda kv: -kv[1])[:3]
+        lines += ["", f"Copy loss (mean NLL of the second copies): original {loss['original']:.4f}, served "
+                  f"{loss['served']:.4f}; the layers whose routed heads, served dense together, save most: "
+                  + ", ".join(f"{k} ({v:.4f})" for k, v in best) + "."]
+    return "\n".join(lines)

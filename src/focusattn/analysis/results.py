@@ -16,7 +16,8 @@ from .curves import plot_curves, render_curves
 from .pareto import plot_pareto, render_decision_table, render_pareto
 from .recall_report import (recall_section, render_global_keys, render_key_clusters, render_partition_imitation,
                             render_partition_oracle, render_registers, render_roles, render_router_recall,
-                            render_shared_ranking, render_key_groups, render_block_union, render_floor_probe)
+                            render_shared_ranking, render_key_groups, render_block_union, render_floor_probe,
+                            render_head_ranks)
 from .lazy_report import render_lab_sink, render_lazy_readme, render_lazy_results
 from .report import _f, retrofit_table
 from .scorecard import render_scorecards
@@ -177,6 +178,8 @@ def write_results(results_dir: str | Path, out: str | Path) -> Path:
          "`scripts/block_union_probe.py`)", render_block_union, {}, []),
         ("floor_probe_2k.json", "### A floor under the budget (`FocusConfig.min_keys`, `scripts/floor_probe.py`)",
          render_floor_probe, {}, []),
+        ("head_ranks_floor32.json", "### Which routed head to serve dense: ranks on training text, away from the "
+         "probes (`scripts/head_ranks.py`)", render_head_ranks, {}, []),
         ("global_keys_probe.json", "### Where the distant attention goes: a few keys hold most of it (why global "
          "keys)", render_global_keys, {}, []),
         ("bench.json", "## Sparse Focus kernels: speed", bench_markdown, {"plot_link": "results/bench.png"}, []),
