@@ -945,8 +945,9 @@ floor32-heads: $(STAMP)
 
 # floor32 with the eleventh dense head the copy-loss search finds on training text (19:1; make floor32-heads) at a 3%
 # share, shipped by name (issue 22; DECISIONS, "The copy head, found away from the probe"): 8192 with the oracle, then
-# Python source at 8192, beside 2048/4096 and Python source at 2048 with the oracle and the three baselines at 2048
-# (~70 min on 2 cores); then its speed in one quiet session (~7 min alone), and the card.
+# Python source at 8192 and the three baselines at 8192 (~90 min more), beside 2048/4096 and Python source at 2048
+# with the oracle and the three baselines at 2048 (~70 min on 2 cores); then its speed in one quiet session (~7 min
+# alone), and the card.
 KEYS_COPY := smollm2-135m-focus-keys256-floor32-copy
 COPY_RUN ?= $(RUNS)/copy
 COPY_SHIP := $(VENV)/bin/focusattn ship-adapter $(KEYS_FLOOR32) --name $(KEYS_COPY) --budget 0.03 \
@@ -957,7 +958,12 @@ ship-floor32-copy: $(STAMP)
 	( $(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_SHIP_8K) $(WITH_ORACLE) \
 		--out $(COPY_RUN)/le_8k > $(COPY_RUN)/le_8k.log 2>&1 && \
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_CODE_8K) $(NO_BASE) \
-		--out $(COPY_RUN)/le_code_8k > $(COPY_RUN)/le_code_8k.log 2>&1 ) & \
+		--out $(COPY_RUN)/le_code_8k > $(COPY_RUN)/le_code_8k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_SHIP_8K) --baselines kmeans --variants kmeans@top1 \
+		--out $(COPY_RUN)/le_base_8k > $(COPY_RUN)/le_base_8k.log 2>&1 && \
+	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_SHIP_8K) --baselines sliding,random \
+		--variants sliding@top1,random@top1 --out $(COPY_RUN)/le_base_sr_8k \
+		> $(COPY_RUN)/le_base_sr_8k.log 2>&1 ) & \
 	( $(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_SHIP_2K) $(WITH_ORACLE) \
 		--out $(COPY_RUN)/le_2k > $(COPY_RUN)/le_2k.log 2>&1 && \
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_CODE_2K) $(WITH_ORACLE) \
@@ -972,6 +978,8 @@ ship-floor32-copy: $(STAMP)
 	cp $(COPY_RUN)/le_base_2k/long_eval.json docs/results/long_eval_keys256_floor32_copy_baselines.json
 	cp $(COPY_RUN)/le_code_2k/long_eval.json docs/results/register_eval_keys256_floor32_copy_code.json
 	cp $(COPY_RUN)/le_code_8k/long_eval.json docs/results/register_eval_keys256_floor32_copy_code_8k.json
+	cp $(COPY_RUN)/le_base_8k/long_eval.json docs/results/long_eval_keys256_floor32_copy_8k_baselines.json
+	cp $(COPY_RUN)/le_base_sr_8k/long_eval.json docs/results/long_eval_keys256_floor32_copy_8k_baselines_sr.json
 	$(COPY_SHIP) --long-eval docs/results/long_eval_keys256_floor32_copy.json \
 		docs/results/long_eval_keys256_floor32_copy_8k.json \
 		--model-bench docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).json
