@@ -36,7 +36,7 @@ from focusattn.data.corpora import load_corpus
 from focusattn.data.tokens import eval_windows, tokenize
 from focusattn.eval.probes import repeat_copy_sequences
 from focusattn.hf import focus_config, routers
-from focusattn.hf.heads import copy_scores, parse_dense_heads
+from focusattn.hf.heads import aligned_attention, copy_scores, parse_dense_heads
 from focusattn.hf.probe import capture, served_keep
 from focusattn.kernels import recall as R
 
@@ -54,27 +54,13 @@ def _per_kv(x: torch.Tensor, hkv: int) -> torch.Tensor:
     return x.view(hkv, -1).max(-1).values
 
 
-@torch.no_grad()
 def natural_induction(model, ids, n: int, length: int = 2048, passage: int = 256,
                       distance: int = 1024) -> torch.Tensor:
-    """[layers, kv_heads]: mean attention on the token after the aligned earlier position, over second copies."""
+    """[layers, kv_heads]: mean attention on the token after the aligned earlier position, over second copies
+    (:func:`focusattn.hf.heads.aligned_attention` on natural text; the copies are ``distance`` apart)."""
     seqs = repeat_copy_sequences(ids, length, passage=passage, distance=distance, n=n, seed=11)
-    total = None
-    for x, second in tqdm(seqs, desc="natural induction", leave=False):
-        first = second - distance  # repeat_copy_sequences: the copies are `distance` apart
-
-        def fn(layer, module, h, q, k, scale, softcap, second=second, first=first):
-            nonlocal total
-            p = R.causal_probs(q, k, second, length - 1, scale=scale, softcap=softcap)[0]  # [Hq, rows, T]
-            rows = torch.arange(p.shape[1])
-            got = _per_kv(p[:, rows, first + rows + 1].mean(-1), k.shape[1])
-            if total is None:
-                total = torch.zeros(len(routers(model)), k.shape[1])
-            total[layer] += got
-
-        with capture(model, fn):
-            _forward(model, x)
-    return total / len(seqs)
+    return aligned_attention(model, [(x, second, length - 1, distance) for x, second in seqs],
+                             kinds={"induction": 1})["induction"]
 
 
 def needle_sequences(ids, tok, length: int, n_per_depth: int, seed: int = 7) -> list[dict]:

@@ -72,8 +72,8 @@ def _ship(a) -> int:
     if not a.name:
         raise InputError("name", "", "required: the shipped name, e.g. smollm2-135m-focus-k8")
     fitted = _fitted_keys(a.run)  # a `fit-keys` folder: centroids, served at a budget
-    if fitted or any(x is not None for x in (a.budget, a.key_scores, a.union_block, a.min_keys)) or (
-            a.dense_heads is not None and _key_space(a.run)):
+    if fitted or _key_space(a.run) or any(x is not None for x in (a.budget, a.key_scores, a.union_block,
+                                                                  a.min_keys)):
         if a.rebalance is not None or a.rebalance_warm or a.capacity is not None or (
                 fitted and a.dense_heads is not None):
             raise InputError("run", a.run, "a key-space adapter ships with no rebalancing or cap (and a fit with "

@@ -23,31 +23,39 @@ KINDS = {"induction": 1, "duplicate": 0}
 
 
 @torch.no_grad()
+def aligned_attention(model, seqs, kinds: dict[str, int] = KINDS) -> dict[str, torch.Tensor]:
+    """``{kind: [layers, kv_heads]}``: per key/value head, the largest of its query heads' mean attention from each
+    query row ``i`` in ``r0:r1`` on the key ``i - distance + offset`` (``offset`` of the kind: :data:`KINDS`), mean
+    over ``seqs``, a list of ``(tokens, r0, r1, distance)``: a copy ``distance`` tokens after its original, scored
+    over rows ``r0:r1`` of it. One forward per sequence; ``model``: composed (routers attached)."""
+    n_layers = len(attention_modules(model))
+    scores = {kind: [None] * n_layers for kind in kinds}
+    device = next(model.parameters()).device
+    for tokens, r0, r1, distance in seqs:
+        def fn(layer, module, h, q, k, scale, softcap, r0=r0, r1=r1, distance=distance):
+            hq, hkv = q.shape[1], k.shape[1]
+            rows = torch.arange(r0, r1, device=q.device)
+            p = causal_probs(q, k, r0, r1, scale=scale, softcap=softcap)  # [B, Hq, rows, T]
+            at = torch.arange(len(rows), device=q.device)
+            for kind, offset in kinds.items():
+                got = p[:, :, at, rows - distance + offset].mean((0, 2)).view(hkv, hq // hkv).max(-1).values.cpu()
+                scores[kind][layer] = got if scores[kind][layer] is None else scores[kind][layer] + got
+
+        with capture(model, fn):
+            model(torch.as_tensor(tokens, dtype=torch.long)[None].to(device), logits_to_keep=1)
+    return {kind: torch.stack(s) / len(seqs) for kind, s in scores.items()}
+
+
 def copy_scores(model, *, half: int = 256, seeds: tuple[int, ...] = (0, 1)) -> dict[str, torch.Tensor]:
-    """``{kind: [layers, kv_heads]}`` for every kind of :data:`KINDS`, from one pass: per key/value head, the
-    largest score of its query heads (mean attention on the kind's key over the second copy, mean over ``seeds``).
-    ``model``: composed (routers attached)."""
+    """``{kind: [layers, kv_heads]}`` for every kind of :data:`KINDS`: :func:`aligned_attention` over the second
+    copy of ``half`` random tokens repeated once (one sequence per seed). ``model``: composed (routers attached)."""
     vocab = model.config.vocab_size
     low = min(1000, vocab // 4)  # past the special and byte tokens of common vocabularies
-    n_layers = len(attention_modules(model))
-    scores = {kind: [None] * n_layers for kind in KINDS}
-    device = next(model.parameters()).device
-
-    def fn(layer, module, h, q, k, scale, softcap):
-        t, hq, hkv = q.shape[2], q.shape[1], k.shape[1]
-        rows = torch.arange(half + 1, t, device=q.device)
-        p = causal_probs(q, k, half + 1, t, scale=scale, softcap=softcap)  # [B, Hq, rows, T]
-        at = torch.arange(len(rows), device=q.device)
-        for kind, offset in KINDS.items():
-            got = p[:, :, at, rows - half + offset].mean((0, 2)).view(hkv, hq // hkv).max(-1).values.cpu()
-            scores[kind][layer] = got if scores[kind][layer] is None else scores[kind][layer] + got
-
-    with capture(model, fn):
-        for seed in seeds:
-            g = torch.Generator().manual_seed(seed)
-            x = torch.randint(low, vocab, (half,), generator=g)
-            model(torch.cat([x, x])[None].to(device), logits_to_keep=1)
-    return {kind: torch.stack(s) / len(seeds) for kind, s in scores.items()}
+    seqs = []
+    for seed in seeds:
+        x = torch.randint(low, vocab, (half,), generator=torch.Generator().manual_seed(seed))
+        seqs.append((torch.cat([x, x]), half + 1, 2 * half, half))
+    return aligned_attention(model, seqs)
 
 
 def induction_scores(model, **kw) -> torch.Tensor:
