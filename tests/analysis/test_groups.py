@@ -63,7 +63,21 @@ def test_groups_cli_table_and_stability_against_a_checkpoint(tmp_path, tiny_dir,
     # the checkpoint is the last step's routers: every token keeps its group
     assert g["stability"]["1"]["same_index"] == 1.0 and g["stability"]["0"]["tokens"] == 2 * 48
     assert "| layer | same group number |" in (out / "groups.md").read_text()
-    assert "stability layer 1: same group 1.000" in capsys.readouterr().out
+    # attention recall of the served masks on the same windows, beside the oracle at each one's budget
+    rec = g["recall"]
+    assert rec["T"] == 48 and rec["windows"] == 2 and len(rec["layers"]) == 2
+    masks = rec["overall"]["masks"]
+    assert {"top1", "top2", "top1key2", "oracle@top1", "oracle@top2", "oracle@top1key2"} <= set(masks)
+    for n in ("top1", "top2", "top1key2"):  # the oracle keeps as many distant keys, the most attended ones
+        assert masks[f"oracle@{n}"]["dropped_distant"] <= masks[n]["dropped_distant"] + 1e-6
+        assert masks[f"oracle@{n}"]["keys_per_query"] == pytest.approx(masks[n]["keys_per_query"])
+        for lay in rec["layers"]:
+            assert 0 <= lay["dropped_distant"][f"oracle@{n}"] <= lay["dropped_distant"][n] + 1e-6 <= 1 + 1e-6
+    assert masks["top2"]["keys_per_query"] >= masks["top1"]["keys_per_query"]  # top-2 keeps a superset
+    assert masks["top2"]["dropped_distant"] <= masks["top1"]["dropped_distant"] + 1e-6
+    assert "| mask | distant attention dropped |" in (out / "groups.md").read_text()
+    printed = capsys.readouterr().out
+    assert "stability layer 1: same group 1.000" in printed and "distant attention dropped: top1:" in printed
     # a layer that does not exist, and a checkpoint used alone, are refused before any work
     assert main(["groups", *base, "--adapter", str(run), "--out", str(tmp_path / "x"), "--layers", "7"]) == 2
     assert "--layers [7]: the model has layers 0..1" in capsys.readouterr().err

@@ -154,6 +154,8 @@ def _groups(a) -> int:
         summary["pairs_kept_command"] = a.command_line
         write_json(p, summary)
     print("causal pairs kept: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in res["pairs_kept"].items()))
+    print("distant attention dropped: " + ", ".join(f"{k}: {100 * m['dropped_distant']:.1f}%"
+                                                   for k, m in res["recall"]["overall"]["masks"].items()))
     for layer, rows in res["tables"].items():
         print(f"layer {layer}:")
         for r in rows:

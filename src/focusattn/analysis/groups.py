@@ -219,6 +219,21 @@ def _load_routed(model_spec: str, adapter: str, like=None):
     return model, tok
 
 
+def routing_recall(model, windows: np.ndarray, top_ks, roles=()) -> dict:
+    """What the served masks keep of the original model's attention on the same windows (``eval.recall``, the
+    measure ``long-eval --recall-windows`` reports), beside the oracle at each mask's budget: per layer the attention
+    shares and each mask's distant mass dropped, and the pooled ``overall``. A router with its own query projection
+    serves query top-1 only, so only top-1 is measured for it."""
+    from ..eval.recall import measure_recall
+
+    ks = (1,) if routers(model)[0].cfg.query_proj else tuple(top_ks)
+    rec = measure_recall(model, windows, top_ks=ks, roles=tuple(roles), kmeans=False, desc="recall")
+    layers = [{"layer": i, "share": lay["share"],
+               "dropped_distant": {n: m["dropped_distant"] for n, m in lay["masks"].items()}}
+              for i, lay in enumerate(rec["layers"])]
+    return {"T": rec["T"], "windows": rec["windows"], "layers": layers, "overall": rec["overall"]}
+
+
 def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, windows: int, top_ks, layers,
                   compare: str | None = None, per_group: int = 8, examples: int = 3,
                   command: str | None = None, roles=()) -> dict:
@@ -243,10 +258,11 @@ def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, win
     if bad:
         raise ValueError(f"--key-top-k {bad}: allowed integers in 1..{k_max} (key top-k with query top-1)")
     stats = group_stats(model, w, top_ks, roles)
+    recall = routing_recall(model, w, top_ks, roles)
     arg = assignments(model, w, layers)
     tables = {str(li): group_table(w, arg[li], k_max, tok, per_group=per_group, examples=examples) for li in layers}
     res = {"command": command, "model": model_spec, "adapter": str(adapter), "data": data, "seq_len": seq_len,
-           "windows": windows, "num_groups": k_max, **stats,
+           "windows": windows, "num_groups": k_max, **stats, "recall": recall,
            "top_tokens": {li: [[[t["token"], t["count"]] for t in row["tokens"]] for row in rows]
                           for li, rows in tables.items()},
            "tables": tables}
@@ -277,6 +293,8 @@ def render_markdown(res: dict, *, max_tokens: int = 6) -> str:
             pur = "—" if r["purity"] is None else f"{r['purity']:.2f}"
             lines.append(f"| G{r['group']} | {r['share']:.3f} | {pur} | {toks} | {ex} |")
         lines.append("")
+    if res.get("recall"):
+        lines += _recall_lines(res["recall"])
     if res.get("stability"):
         lines += [f"Stability against `{res['compare']}` (share of tokens keeping their group; chance {1 / k:.3f}):",
                   "", "| layer | same group number | after best relabelling |", "|---|---|---|"]
@@ -284,6 +302,26 @@ def render_markdown(res: dict, *, max_tokens: int = 6) -> str:
         lines.append("")
     lines.append(f"Command: `{res.get('command')}`")
     return "\n".join(lines)
+
+
+def _recall_lines(rec: dict) -> list[str]:
+    """The attention-recall tables: pooled over layers, then per layer (the served masks beside their oracles)."""
+    sh = rec["overall"]["share"]
+    lines = [f"Attention recall ({rec['windows']} windows x {rec['T']} tokens): the original model puts "
+             f"{sh['local']:.0%} of its attention on the window, {sh['sink']:.0%} on the sinks and {sh['distant']:.0%} "
+             "on distant keys (mean over layers); each mask's share of that distant attention dropped, pooled over "
+             "layers, beside the oracle (as many distant keys per query, the most attended).", "",
+             "| mask | distant attention dropped | distant keys kept per query | dropped / oracle's |",
+             "|---|---|---|---|"]
+    for n, m in rec["overall"]["masks"].items():
+        vs = f"{m['vs_oracle']:.2f}x" if "vs_oracle" in m else "—"
+        lines.append(f"| {n} | {m['dropped_distant']:.1%} | {m['keys_per_query']:.0f} | {vs} |")
+    names = list(rec["overall"]["masks"])
+    lines += ["", "| layer | distant share | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for lay in rec["layers"]:
+        cells = " | ".join(f"{lay['dropped_distant'][n]:.1%}" for n in names)
+        lines.append(f"| {lay['layer']} | {lay['share']['distant']:.1%} | {cells} |")
+    return lines + [""]
 
 
 def _md(text: str) -> str:
