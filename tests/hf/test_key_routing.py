@@ -73,6 +73,23 @@ def test_the_routing_keeps_what_its_budget_says():
     assert kept[0] < kept[1] < kept[2] == int(distant.sum())
 
 
+def test_the_cache_keeps_a_key_routers_groups_as_bool():
+    """A key-space router's groups are its one-hot membership: the routing cache keeps the bool (a quarter of the
+    float's bytes, through prefill and decode steps) and readers still get float groups equal to it."""
+    m = keyed()
+    x = token_ids(1, 40)
+    with torch.no_grad():
+        out = m(x[:, :32], use_cache=True)
+        cache = output_cache(out)
+        for i in range(32, 40):
+            cache = output_cache(m(x[:, i:i + 1], **cache_kwargs(m, cache), use_cache=True))
+    rc = fa.hf.routing_caches(m)[0]
+    assert rc._groups.view().dtype == torch.bool and len(rc) == 40
+    r = fa.hf.last_routing(m)[0]
+    assert r.groups.dtype == torch.float32 and r.groups.shape == (1, 40, 6)
+    assert torch.equal(r.groups, r.membership.float()) and bool((r.groups.sum(-1) == 1).all())
+
+
 def test_adapter_round_trip_and_refusals(tmp_path):
     m = keyed()
     loaded = assert_round_trip(m, tmp_path / "a")

@@ -175,7 +175,7 @@ class KeyRouter(nn.Module):
                             "count": _compact(prefix[:, -1])}
         membership = torch.zeros(b, t, cfg.num_groups, dtype=torch.bool, device=h.device).scatter_(-1, ids[..., None],
                                                                                                    True)
-        return Routing(membership.float(), membership, query_membership=qmem)
+        return Routing(membership.float(), membership, query_membership=qmem, groups_hard=True)
 
     def _mean_scores(self, h, ids, countable, start: int, state: dict | None, memo: dict | None) -> torch.Tensor:
         """``FocusConfig.key_scores="means"``: each query scores a group by its KV-group-mean query against the mean
