@@ -7,7 +7,7 @@ PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.focusattn-installed
 RUNS        ?= runs
 
-.PHONY: bench-ship key-groups registers ship-means ship-union ship-floor floor-baselines bench-keyed floor-union32 ship-floor32 floor32-h19 floor32-heads ship-floor32-copy setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
+.PHONY: bench-ship key-groups registers ship-means ship-union ship-floor floor-baselines bench-keyed floor-union32 ship-floor32 floor32-h19 floor32-heads ship-floor32-copy bench-floor32-copy setup demo test test-dist gpu-dry-run test-all bench bench-64k bench-dispatch bench-kernels bench-lazy experiments lab lab-sink lazy results clean \
 	e2e e2e-measure \
 	e2e-k16 lora ablation sweeps sweeps-run routing dense-heads copy-heads ship-g2 routing-long routing-qproj routing-mlp routing-imitation imitation-curve routing-window routing-keys routing-keyspace ship-keys keys-nodense bench-short python-docs
 
@@ -983,6 +983,24 @@ ship-floor32-copy: $(STAMP)
 	$(COPY_SHIP) --long-eval docs/results/long_eval_keys256_floor32_copy.json \
 		docs/results/long_eval_keys256_floor32_copy_8k.json \
 		--model-bench docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).json
+	$(MAKE) results
+
+# The copy adapter and floor32 benched again in one quiet session after a code change that moves their speed or
+# memory (the cache keeping key groups as bool, DECISIONS), their cards refreshed from the committed long-evals
+# (~8 min alone; `make bench-floor32-copy DAY=1206e`).
+bench-floor32-copy: $(STAMP)
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_COPY) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_copy
+	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR32) --top-k 1 $(BM_8K) \
+		--out $(RUNS)/ship$(DAY)/keys256_floor32
+	for x in json png; do cp $(RUNS)/ship$(DAY)/keys256_copy/model_bench.$$x \
+		docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).$$x; \
+		cp $(RUNS)/ship$(DAY)/keys256_floor32/model_bench.$$x docs/results/model_bench_keys256_floor32_amx_$(DAY).$$x; done
+	$(COPY_SHIP) --long-eval docs/results/long_eval_keys256_floor32_copy.json \
+		docs/results/long_eval_keys256_floor32_copy_8k.json \
+		--model-bench docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).json
+	$(VENV)/bin/focusattn ship-adapter $(KEYS_FLOOR) --name $(KEYS_FLOOR32) --union-block 32 \
+		--long-eval docs/results/long_eval_keys256_floor32_ship.json docs/results/long_eval_keys256_floor32_ship_8k.json \
+		--model-bench docs/results/model_bench_keys256_floor32_amx_$(DAY).json
 	$(MAKE) results
 
 # Finer or adaptive key groups (issue 22): what causal changes to the key-space router's groups or group scores keep
