@@ -946,8 +946,8 @@ floor32-heads: $(STAMP)
 # floor32 with the eleventh dense head the copy-loss search finds on training text (19:1; make floor32-heads) at a 3%
 # share, shipped by name (issue 22; DECISIONS, "The copy head, found away from the probe"): 8192 with the oracle, then
 # Python source at 8192 and the three baselines at 8192 (~90 min more), beside 2048/4096 and Python source at 2048
-# with the oracle and the three baselines at 2048 (~70 min on 2 cores); then its speed in one quiet session (~7 min
-# alone), and the card.
+# with the oracle and the three baselines at 2048 (~70 min on 2 cores); then its speed beside floor32's in one quiet
+# session and both cards (bench-floor32-copy, ~8 min alone).
 KEYS_COPY := smollm2-135m-focus-keys256-floor32-copy
 COPY_RUN ?= $(RUNS)/copy
 COPY_SHIP := $(VENV)/bin/focusattn ship-adapter $(KEYS_FLOOR32) --name $(KEYS_COPY) --budget 0.03 \
@@ -970,9 +970,6 @@ ship-floor32-copy: $(STAMP)
 		--out $(COPY_RUN)/le_code_2k > $(COPY_RUN)/le_code_2k.log 2>&1 && \
 	$(VENV)/bin/focusattn long-eval --adapter $(KEYS_COPY) $(LE_SHIP_2K) $(FLOOR_BASE) \
 		--out $(COPY_RUN)/le_base_2k > $(COPY_RUN)/le_base_2k.log 2>&1 ) & wait
-	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_COPY) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_copy
-	for x in json png; do cp $(RUNS)/ship$(DAY)/keys256_copy/model_bench.$$x \
-		docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).$$x; done
 	cp $(COPY_RUN)/le_8k/long_eval.json docs/results/long_eval_keys256_floor32_copy_8k.json
 	cp $(COPY_RUN)/le_2k/long_eval.json docs/results/long_eval_keys256_floor32_copy.json
 	cp $(COPY_RUN)/le_base_2k/long_eval.json docs/results/long_eval_keys256_floor32_copy_baselines.json
@@ -980,14 +977,11 @@ ship-floor32-copy: $(STAMP)
 	cp $(COPY_RUN)/le_code_8k/long_eval.json docs/results/register_eval_keys256_floor32_copy_code_8k.json
 	cp $(COPY_RUN)/le_base_8k/long_eval.json docs/results/long_eval_keys256_floor32_copy_8k_baselines.json
 	cp $(COPY_RUN)/le_base_sr_8k/long_eval.json docs/results/long_eval_keys256_floor32_copy_8k_baselines_sr.json
-	$(COPY_SHIP) --long-eval docs/results/long_eval_keys256_floor32_copy.json \
-		docs/results/long_eval_keys256_floor32_copy_8k.json \
-		--model-bench docs/results/model_bench_keys256_floor32_copy_amx_$(DAY).json
-	$(MAKE) results
+	$(MAKE) bench-floor32-copy
 
-# The copy adapter and floor32 benched again in one quiet session after a code change that moves their speed or
-# memory (the cache keeping key groups as bool, DECISIONS), their cards refreshed from the committed long-evals
-# (~8 min alone; `make bench-floor32-copy DAY=1206e`).
+# The copy adapter and floor32 benched in one quiet session (the last step of ship-floor32-copy, or alone after a
+# code change that moves their speed or memory: `make bench-floor32-copy DAY=1206e` after the cache kept key groups
+# as bool, DECISIONS), their cards refreshed from the committed long-evals (~8 min alone).
 bench-floor32-copy: $(STAMP)
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_COPY) --top-k 1 $(BM_8K) --out $(RUNS)/ship$(DAY)/keys256_copy
 	$(VENV)/bin/focusattn bench-model --adapter $(KEYS_FLOOR32) --top-k 1 $(BM_8K) \

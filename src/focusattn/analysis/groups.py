@@ -220,18 +220,13 @@ def _load_routed(model_spec: str, adapter: str, like=None):
 
 
 def routing_recall(model, windows: np.ndarray, top_ks, roles=()) -> dict:
-    """What the served masks keep of the original model's attention on the same windows (``eval.recall``, the
-    measure ``long-eval --recall-windows`` reports), beside the oracle at each mask's budget: per layer the attention
-    shares and each mask's distant mass dropped, and the pooled ``overall``. A router with its own query projection
-    serves query top-1 only, so only top-1 is measured for it."""
+    """What the served masks keep of the original model's attention on the same windows, beside the oracle at each
+    mask's budget: :func:`..eval.recall.measure_recall` (what ``long-eval --recall-windows`` reports, same fields). A
+    router with its own query projection serves query top-1 only, so only top-1 is measured for it."""
     from ..eval.recall import measure_recall
 
     ks = (1,) if routers(model)[0].cfg.query_proj else tuple(top_ks)
-    rec = measure_recall(model, windows, top_ks=ks, roles=tuple(roles), kmeans=False, desc="recall")
-    layers = [{"layer": i, "share": lay["share"],
-               "dropped_distant": {n: m["dropped_distant"] for n, m in lay["masks"].items()}}
-              for i, lay in enumerate(rec["layers"])]
-    return {"T": rec["T"], "windows": rec["windows"], "layers": layers, "overall": rec["overall"]}
+    return measure_recall(model, windows, top_ks=ks, roles=tuple(roles), kmeans=False, desc="recall")
 
 
 def groups_report(model_spec: str, adapter: str, data: str, *, seq_len: int, windows: int, top_ks, layers,
@@ -305,22 +300,20 @@ def render_markdown(res: dict, *, max_tokens: int = 6) -> str:
 
 
 def _recall_lines(rec: dict) -> list[str]:
-    """The attention-recall tables: pooled over layers, then per layer (the served masks beside their oracles)."""
+    """The attention-recall tables: pooled over layers (as in RESULTS), then each layer's distant share and drops."""
+    from .recall_report import mask_order, masks_table
+
     sh = rec["overall"]["share"]
+    names = sorted(rec["overall"]["masks"], key=mask_order)
     lines = [f"Attention recall ({rec['windows']} windows x {rec['T']} tokens): the original model puts "
              f"{sh['local']:.0%} of its attention on the window, {sh['sink']:.0%} on the sinks and {sh['distant']:.0%} "
              "on distant keys (mean over layers); each mask's share of that distant attention dropped, pooled over "
              "layers, beside the oracle (as many distant keys per query, the most attended).", "",
-             "| mask | distant attention dropped | distant keys kept per query | dropped / oracle's |",
-             "|---|---|---|---|"]
-    for n, m in rec["overall"]["masks"].items():
-        vs = f"{m['vs_oracle']:.2f}x" if "vs_oracle" in m else "—"
-        lines.append(f"| {n} | {m['dropped_distant']:.1%} | {m['keys_per_query']:.0f} | {vs} |")
-    names = list(rec["overall"]["masks"])
-    lines += ["", "| layer | distant share | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
-    for lay in rec["layers"]:
-        cells = " | ".join(f"{lay['dropped_distant'][n]:.1%}" for n in names)
-        lines.append(f"| {lay['layer']} | {lay['share']['distant']:.1%} | {cells} |")
+             *masks_table(rec["overall"]["masks"]),
+             "", "| layer | distant share | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for i, lay in enumerate(rec["layers"]):
+        cells = " | ".join(f"{lay['masks'][n]['dropped_distant']:.1%}" for n in names)
+        lines.append(f"| {i} | {lay['share']['distant']:.1%} | {cells} |")
     return lines + [""]
 
 

@@ -9,11 +9,26 @@ from .._io import pyplot
 from .pareto import _adapter_name
 
 
-def _order(name: str) -> tuple:
+def mask_order(name: str) -> tuple:
+    """Sort key of recall masks: by budget (``top1``, ``top2``, ...), the served mask first, then the oracle and
+    the baselines."""
     base, _, k = name.partition("@")
     top = k or base
     kind = {"top": 0, "oracle": 1, "sliding": 2, "duo": 3, "kmeans": 4, "random": 5, "untrained": 6}
     return (top, kind.get(base.rstrip("0123456789") if not k else base, 9), name)
+
+
+def masks_table(masks: dict) -> list[str]:
+    """Per mask of a recall's ``overall`` (:func:`..eval.recall.measure_recall`): the distant mass it drops, the
+    distant keys it keeps per query and its drop over the oracle's at the same budget."""
+    out = ["| mask | distant attention dropped | distant keys kept per query | dropped / oracle's |",
+           "|---|---|---|---|"]
+    for name in sorted(masks, key=mask_order):
+        m = masks[name]
+        vs = m.get("vs_oracle")
+        out.append(f"| {name} | {100 * m['dropped_distant']:.1f}% | {m['keys_per_query']:.0f} | "
+                   f"{'—' if vs is None or name.startswith('oracle') else f'{vs:.2f}×'} |")
+    return out
 
 
 def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = None) -> str:
@@ -28,15 +43,7 @@ def render_recall(long_docs: list[dict], *, plot_links: dict[str, str] | None = 
             out += [f"**{_adapter_name(d)}**, T = {rec['T']}, {rec['split']} ({d['corpora'][rec['split']]}, "
                     f"{rec['windows']} windows): the original model puts {100 * sh['local']:.0f}% of its attention "
                     f"on the window, {100 * sh['sink']:.0f}% on the sink and {100 * sh['distant']:.0f}% on distant "
-                    "keys (mean over layers and heads).", "",
-                    "| mask | distant attention dropped | distant keys kept per query | dropped / oracle's |",
-                    "|---|---|---|---|"]
-            for name in sorted(o["masks"], key=_order):
-                m = o["masks"][name]
-                vs = m.get("vs_oracle")
-                out.append(f"| {name} | {100 * m['dropped_distant']:.1f}% | {m['keys_per_query']:.0f} | "
-                           f"{'—' if vs is None or name.startswith('oracle') else f'{vs:.2f}×'} |")
-            out.append("")
+                    "keys (mean over layers and heads).", "", *masks_table(o["masks"]), ""]
             link = (plot_links or {}).get(f"{i}:{rec['T']}:{rec['split']}")
             if link:
                 out += [f"![recall per layer]({link})", ""]
@@ -49,7 +56,7 @@ def plot_recall_layers(rec: dict, path, title: str = "") -> None:
     """Distant attention dropped per layer, for every mask of one recall row."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.8))
-    names = sorted(rec["layers"][0]["masks"], key=_order)
+    names = sorted(rec["layers"][0]["masks"], key=mask_order)
     for name in names:
         ys = [100 * lay["masks"][name]["dropped_distant"] for lay in rec["layers"]]
         ax.plot(range(len(ys)), ys, marker="o" if name.startswith("top") else ".", lw=1.2, label=name,

@@ -87,8 +87,7 @@ class RoutingCache:
 
     def reset(self) -> None:
         """Forget every cached token (a config change, a new generation)."""
-        self._groups: _Rows | None = None
-        self._hard_groups = False  # _groups holds the bool membership (Routing.groups_hard); read back as float
+        self._groups: _Rows | None = None  # bool for a key-space router (Routing.groups_hard): read back as float
         self._index: GroupIndex | None = None
         self._prefill_membership: torch.Tensor | None = None
         self._scores: _Rows | None = None  # router logits, kept for online rebalancing (cfg.rebalance)
@@ -185,7 +184,6 @@ class RoutingCache:
                 memo: dict | None = None) -> Routing:
         """A full forward's routing; with ``keep`` it replaces the cache (the start of a generation)."""
         if keep:
-            self._hard_groups = routing.groups_hard
             self._groups = _Rows(routing.membership if routing.groups_hard else routing.groups)
             self._index = None  # built from _prefill_membership by the first decode step (a prefill-only
             self._prefill_membership = routing.membership  # workload, e.g. evaluation, never pays for it)
@@ -218,7 +216,7 @@ class RoutingCache:
         if cached + tq != tk and not trimmed:
             raise RuntimeError(f"Focus routing cache holds {max(cached, 0)} tokens but the KV cache has {tk - tq}: "
                                "start generation with a full prefill (beam search reorders are not followed)")
-        self._groups.append(routing.membership if self._hard_groups else routing.groups)
+        self._groups.append(routing.membership if routing.groups_hard else routing.groups)
         if self._scores is not None and routing.scores is not None:
             self._scores.append(routing.scores)
         if self._qscores is not None and routing.query_scores is not None:
@@ -280,7 +278,7 @@ class RoutingCache:
 
     def _groups_view(self) -> torch.Tensor:
         v = self._groups.view()
-        return v.float() if self._hard_groups else v
+        return v.float() if v.dtype == torch.bool else v
 
     def membership(self) -> torch.Tensor | None:
         """Hard top-k membership bool ``[B, T, K]`` of every cached token as a key (None in soft mode or before
